@@ -1,0 +1,120 @@
+"""The capture-backend protocol, and the layer index convention shared by every backend.
+
+Layer index convention
+----------------------
+``layer k`` (0-based) is the **output of decoder layer k**: the residual stream after layer k
+has added its attention and MLP outputs, before any normalisation. In HF transformers terms it
+is ``outputs.hidden_states[k + 1]`` (``hidden_states[0]`` is the embedding output). In SGLang
+terms it is the aux hidden state captured at the input of decoder layer ``k + 1``.
+Valid k: ``0 <= k <= num_layers - 2``. The output of the last decoder layer is only stored after
+the model's final norm, as the ``final`` state (HF ``last_hidden_state``): EAGLE-3 trainers
+apply the frozen ``lm_head`` to it.
+
+This differs from SGLang's ``set_eagle3_layers_to_capture(ids)``, which adds 1 to every id in
+``llama.py`` and only when ``ids[0] == 1`` in ``deepseek_v2.py``: hs_dataset never passes ids
+through that method; the SGLang backend sets the captured positions itself (see
+:mod:`hs_dataset.sglang_plugin`), and the GPU parity test pins both backends to this convention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Iterable, Iterator, Protocol, Union
+
+from ..records import CaptureResult, Reject, TokenizedSample
+
+LAYER_CONVENTION = (
+    "layer k = output of decoder layer k (0-based), before normalisation = HF "
+    "outputs.hidden_states[k+1]; final = post-norm last hidden state = HF last_hidden_state"
+)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the dataset records about the target model."""
+
+    path: str
+    revision: str | None
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_model_info(path: str, revision: str | None = None) -> ModelInfo:
+    """Read hidden size, depth and architecture from a local model directory's config.json.
+
+    Multimodal configs (e.g. Kimi-K2.5) keep the language model's fields under ``text_config``.
+    """
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(
+            f"no config.json in model directory {path!r}: pass a local directory with the model's "
+            "config.json (download it first; hs_dataset never downloads models)"
+        )
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    text = cfg.get("text_config", cfg)
+    archs = cfg.get("architectures") or [cfg.get("model_type", "unknown")]
+    try:
+        return ModelInfo(
+            path=os.path.abspath(path),
+            revision=revision,
+            architecture=str(archs[0]),
+            hidden_size=int(text["hidden_size"]),
+            num_layers=int(text["num_hidden_layers"]),
+            vocab_size=int(text["vocab_size"]),
+        )
+    except KeyError as e:
+        raise ValueError(f"{cfg_path}: missing field {e.args[0]!r} needed to size the dataset") from None
+
+
+def check_layers(layers: Iterable[int], info: ModelInfo) -> tuple[int, ...]:
+    """Validate configured layer ids against the model (see the module docstring)."""
+    out = tuple(int(k) for k in layers)
+    if not out:
+        raise ValueError("no layers configured: set layers, e.g. --set layers=[1,15,28]")
+    if len(set(out)) != len(out):
+        raise ValueError(f"layers {list(out)} contain duplicates")
+    if list(out) != sorted(out):
+        raise ValueError(f"layers {list(out)} must be in increasing order")
+    bad = [k for k in out if not 0 <= k <= info.num_layers - 2]
+    if bad:
+        raise ValueError(
+            f"layers {bad} out of range for {info.architecture} with {info.num_layers} decoder layers: "
+            f"valid ids are 0..{info.num_layers - 2} (layer k = output of decoder layer k; the last "
+            "layer's output is stored post-norm as the final state)"
+        )
+    return out
+
+
+BackendItem = Union[CaptureResult, Reject]
+
+
+class CaptureBackend(Protocol):
+    """Produces hidden states for tokenized samples.
+
+    ``capture`` consumes samples lazily and yields, **in input order**, one item per sample: a
+    :class:`CaptureResult` (``states`` on the CPU, ``torch.bfloat16``, ``[len(layers)+1, T, H]``)
+    or a :class:`Reject` for a sample the backend cannot run (e.g. longer than the engine allows).
+    A backend-wide failure (engine died, hang) raises :class:`BackendError`.
+    """
+
+    name: str
+    info: ModelInfo
+    layers: tuple[int, ...]
+
+    def capture(self, samples: Iterable[TokenizedSample]) -> Iterator[BackendItem]: ...
+
+    def versions(self) -> dict[str, str]: ...
+
+    def close(self) -> None: ...
+
+
+class BackendError(RuntimeError):
+    """The capture backend as a whole failed; the build stops (and can be resumed)."""

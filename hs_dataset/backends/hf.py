@@ -1,0 +1,95 @@
+"""Reference capture backend: HF transformers, any device (the CPU included).
+
+Samples are batched by a padded-token budget with **right** padding: under the causal mask a
+real token never attends to a pad that comes after it, so padding changes no state. (Batched
+matrix products can still round differently from one-sample runs; see tests/test_backend_hf.py
+for the tolerance.) The forward hooks keep only the configured layers, never all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+
+from ..records import CaptureResult, Reject, TokenizedSample
+from .base import BackendItem, ModelInfo, check_layers, read_model_info
+
+
+class TransformersBackend:
+    """Runs ``AutoModelForCausalLM`` in bf16 and captures the configured layers + final state.
+
+    Args:
+        model: local model directory.
+        layers: layer ids (see :mod:`hs_dataset.backends.base` for the convention).
+        revision: recorded in the dataset metadata (the directory is used as it is).
+        device: ``"cpu"``, ``"cuda"``, ... (default: cuda when available).
+        batch_tokens: padded tokens per forward pass.
+        max_batch: most samples per forward pass.
+    """
+
+    name = "transformers"
+
+    def __init__(self, model: str, layers: Iterable[int], *, revision: str | None = None,
+                 device: str | None = None, batch_tokens: int = 8192, max_batch: int = 64):
+        from transformers import AutoModelForCausalLM
+
+        self.info: ModelInfo = read_model_info(model, revision)
+        self.layers = check_layers(layers, self.info)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.batch_tokens = int(batch_tokens)
+        self.max_batch = int(max_batch)
+        lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
+        self._model = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
+        self._model.to(self.device).eval()
+        del lm  # the lm_head is not needed: the final state is taken before it
+        self._caught: dict[int, torch.Tensor] = {}
+        decoder_layers = self._model.layers
+        self._hooks = [decoder_layers[k].register_forward_hook(self._hook(k)) for k in self.layers]
+
+    def _hook(self, k: int):
+        def fn(_module, _inputs, output):
+            self._caught[k] = output[0] if isinstance(output, tuple) else output
+        return fn
+
+    def versions(self) -> dict[str, str]:
+        import transformers
+
+        return {"transformers": transformers.__version__, "torch": torch.__version__}
+
+    def capture(self, samples: Iterable[TokenizedSample]) -> Iterator[BackendItem]:
+        batch: list[TokenizedSample] = []
+        longest = 0
+        for s in samples:
+            if s.num_tokens == 0:
+                yield Reject(s.sample_id, "input_ids", "no tokens to run", "capture")
+                continue
+            longest_if_added = max(longest, s.num_tokens)
+            if batch and (longest_if_added * (len(batch) + 1) > self.batch_tokens or len(batch) >= self.max_batch):
+                yield from self._run(batch)
+                batch, longest_if_added = [], s.num_tokens
+            batch.append(s)
+            longest = longest_if_added
+        if batch:
+            yield from self._run(batch)
+
+    @torch.inference_mode()
+    def _run(self, batch: list[TokenizedSample]) -> Iterator[CaptureResult]:
+        T = max(s.num_tokens for s in batch)
+        ids = torch.zeros((len(batch), T), dtype=torch.long)
+        mask = torch.zeros((len(batch), T), dtype=torch.long)
+        for i, s in enumerate(batch):
+            ids[i, : s.num_tokens] = torch.from_numpy(s.input_ids)
+            mask[i, : s.num_tokens] = 1
+        self._caught.clear()
+        out = self._model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False)
+        per_layer = [self._caught[k] for k in self.layers] + [out.last_hidden_state]
+        stacked = torch.stack(per_layer).to("cpu", torch.bfloat16)  # [n+1, B, T, H]
+        self._caught.clear()
+        for i, s in enumerate(batch):
+            yield CaptureResult(sample=s, layers=self.layers, states=stacked[:, i, : s.num_tokens].contiguous())
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []

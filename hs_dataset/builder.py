@@ -1,0 +1,189 @@
+"""The ``datasets`` builder: source -> tokenize+mask -> capture backend -> encode -> Arrow rows.
+
+``HiddenStatesBuilder`` is a real :class:`datasets.GeneratorBasedBuilder`. Since datasets 4.0
+removed loading scripts, it is not loaded by name: the ``hs-dataset build`` command (see
+:mod:`hs_dataset.build`) runs ``download_and_prepare`` once per *part* (a fixed range of source
+rows, the unit of resume) and publishes plain Arrow shards that load with ``load_dataset(dir)``.
+It can also be used directly::
+
+    builder = HiddenStatesBuilder(config=HiddenStatesConfig(model=..., source=..., layers=(1, 2)))
+    builder.download_and_prepare("out_dir", file_format="arrow")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import datasets
+from datasets.builder import Key
+
+from .backends import BackendError, CaptureBackend, check_layers, make_backend, read_model_info
+from .chat import load_tokenizer, tokenize_row
+from .encode import bytes_per_token, check_storage_dtype, encode_row, make_features, state_columns
+from .records import Counts, Reject, SampleError, TokenizedSample
+from .sources import iter_source
+
+ARROW_MAX_ELEMENTS = 2**31 - 1  # Array2D's inner list offsets are 32-bit
+
+
+@dataclass
+class HiddenStatesConfig(datasets.BuilderConfig):
+    """Everything that decides what a hidden-states dataset contains, and how it is built.
+
+    Fields that change the rows (model, layers, source, ...) are part of :meth:`content_key`;
+    a resumed build refuses a change of any of them. The rest (batch sizes, backend options)
+    are performance knobs that may change between runs.
+    """
+
+    name: str = "default"
+    model: str = ""
+    model_revision: str | None = None
+    tokenizer: str | None = None  # default: the model directory
+    layers: tuple[int, ...] = ()
+    max_length: int = 2048
+    source: str = ""
+    sample_id: str = "row"  # "row" (source:index) or "hash" (content hash)
+    mask: str = "all"  # "all" assistant turns or the "last" one
+    truncation: str = "truncate"  # or "reject"
+    backend: str = "transformers"
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    storage_dtype: str = "bfloat16"
+    on_nonfinite: str = "fail"  # or "reject"
+    max_samples: int | None = None
+    part_size: int = 256  # source rows per resumable part
+    writer_batch_bytes: int = 256 * 2**20
+    max_shard_bytes: int = 2 * 2**30
+    file_format: str = "arrow"  # or "parquet"
+    # Internal: the source row range of the part being built (None: the whole source).
+    part: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.layers = tuple(int(k) for k in self.layers)
+        if not self.model:
+            raise ValueError("config needs model: a local model directory (--set model=/path/to/model)")
+        if not self.source:
+            raise ValueError("config needs source: a JSON/JSONL/Parquet file or a datasets dir (--set source=...)")
+        check_storage_dtype(self.storage_dtype)
+        for name, allowed in (("mask", ("all", "last")), ("truncation", ("truncate", "reject")),
+                              ("on_nonfinite", ("fail", "reject")), ("sample_id", ("row", "hash")),
+                              ("file_format", ("arrow", "parquet"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r}: use one of {', '.join(allowed)}")
+        if self.max_length < 1 or self.part_size < 1:
+            raise ValueError("max_length and part_size must be >= 1")
+
+    CONTENT_FIELDS = ("model", "model_revision", "tokenizer", "layers", "max_length", "source", "sample_id",
+                      "mask", "truncation", "backend", "storage_dtype", "on_nonfinite", "part_size", "file_format")
+
+    def content_key(self) -> dict[str, Any]:
+        """The fields that decide the rows; a resumed build must match them exactly."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in
+                ((k, getattr(self, k)) for k in self.CONTENT_FIELDS)}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("data_files", None)
+        d.pop("data_dir", None)
+        d["layers"] = list(self.layers)
+        return {k: v for k, v in d.items() if k not in ("part", "description")}
+
+
+class NonFiniteError(BackendError):
+    """NaN or Inf in a captured state with ``on_nonfinite="fail"``."""
+
+
+class HiddenStatesBuilder(datasets.GeneratorBasedBuilder):
+    """Builds one row per sample: id, input_ids, loss_mask, num_tokens, one column per layer, final.
+
+    Args:
+        backend: an already started capture backend to use (it is not closed); default: one is
+            started from the config and closed at the end of generation.
+        on_row: called after every written row with ``(num_tokens, payload_bytes)`` (progress).
+    """
+
+    BUILDER_CONFIG_CLASS = HiddenStatesConfig
+    config: HiddenStatesConfig
+
+    def __init__(self, *args, backend: CaptureBackend | None = None,
+                 on_row: Callable[[int, int], None] | None = None, **kwargs):
+        self._backend = backend
+        self._on_row = on_row
+        self.counts = Counts()
+        self.rejects: list[Reject] = []
+        super().__init__(*args, **kwargs)
+        cfg = self.config
+        self.model_info = backend.info if backend is not None else read_model_info(cfg.model, cfg.model_revision)
+        self.layers = check_layers(cfg.layers, self.model_info)
+        n_states = len(self.layers) + 1
+        row_bytes = cfg.max_length * bytes_per_token(n_states, self.model_info.hidden_size, cfg.storage_dtype)
+        by_bytes = cfg.writer_batch_bytes // max(row_bytes, 1)
+        by_offsets = ARROW_MAX_ELEMENTS // (cfg.max_length * self.model_info.hidden_size)
+        # Rows per Arrow record batch, sized by bytes: memory stays bounded and 32-bit offsets never overflow.
+        self._writer_batch_size = max(1, min(by_bytes, by_offsets, 1000))
+
+    def _info(self) -> datasets.DatasetInfo:
+        info = read_model_info(self.config.model, self.config.model_revision)
+        layers = check_layers(self.config.layers, info)
+        return datasets.DatasetInfo(
+            description=f"Hidden states of {info.architecture} ({info.path}) for EAGLE-3 drafter training",
+            features=make_features(layers, info.hidden_size, self.config.storage_dtype),
+        )
+
+    def _split_generators(self, dl_manager) -> list[datasets.SplitGenerator]:
+        cfg = self.config
+        if cfg.part is not None:
+            start, stop = cfg.part
+        else:
+            start, stop = 0, cfg.max_samples
+        return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"start": start, "stop": stop})]
+
+    def _tokenized(self, start: int, stop: int | None) -> Iterator[TokenizedSample]:
+        cfg = self.config
+        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        for row in iter_source(cfg.source, start=start, stop=stop, sample_id=cfg.sample_id):
+            self.counts.samples_in += 1
+            try:
+                yield tokenize_row(row, tokenizer, max_length=cfg.max_length, mask=cfg.mask, truncation=cfg.truncation)
+            except SampleError as e:
+                self._reject(Reject(row.sample_id, e.field, e.reason, "tokenize"))
+
+    def _reject(self, r: Reject) -> None:
+        self.rejects.append(r)
+        self.counts.rejected += 1
+        self.counts.rejects_by_stage[r.stage] = self.counts.rejects_by_stage.get(r.stage, 0) + 1
+
+    def _generate_examples(self, start: int, stop: int | None):
+        cfg = self.config
+        own = self._backend is None
+        backend = self._backend or make_backend(cfg.backend, cfg.model, self.layers, revision=cfg.model_revision,
+                                                options=cfg.backend_options)
+        cols = state_columns(self.layers)
+        i = 0
+        try:
+            for item in backend.capture(self._tokenized(start, stop)):
+                if isinstance(item, Reject):
+                    self._reject(item)
+                    continue
+                try:
+                    row = encode_row(item, cfg.storage_dtype)
+                except SampleError as e:
+                    if cfg.on_nonfinite == "fail" and e.field in cols:
+                        raise NonFiniteError(
+                            f"sample {item.sample.sample_id!r}, {e.field}: {e.reason}. The build stopped "
+                            "(--set on_nonfinite=reject writes such samples to rejects.jsonl instead)") from None
+                    self._reject(Reject(item.sample.sample_id, e.field, e.reason, "encode"))
+                    continue
+                self.counts.written += 1
+                self.counts.tokens_written += item.sample.num_tokens
+                yield Key(0, i), row
+                i += 1
+                if self._on_row is not None:
+                    self._on_row(item.sample.num_tokens, item.states.numel() * item.states.element_size())
+        finally:
+            if own:
+                backend.close()
+        self.counts.check()
+

@@ -1,0 +1,150 @@
+"""``hs-dataset``: build, inspect, push and list versions of hidden-state datasets.
+
+    hs-dataset build builder_scripts/tiny_demo.py --output demo_out [--set key=value ...]
+    hs-dataset inspect demo_out
+    hs-dataset push demo_out org/name --version v1.0
+    hs-dataset versions org/name
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def parse_value(text: str) -> Any:
+    """``--set`` values are JSON when they parse as JSON (numbers, lists, null, true), else strings."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def apply_sets(config: dict[str, Any], sets: list[str]) -> dict[str, Any]:
+    """Apply ``key=value`` overrides; ``a.b=value`` sets a nested key (e.g. backend_options.tp_size=8)."""
+    for item in sets:
+        if "=" not in item:
+            raise SystemExit(f"--set {item!r}: expected key=value")
+        key, value = item.split("=", 1)
+        target = config
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            target = target.setdefault(p, {})
+        target[leaf] = parse_value(value)
+    return config
+
+
+def load_preset(path: str, sets: list[str]) -> dict[str, Any]:
+    """Load a builder script (``CONFIG`` dict, optional ``prepare(config)``), apply overrides, prepare."""
+    spec = importlib.util.spec_from_file_location(f"hs_preset_{Path(path).stem}", path)
+    if spec is None or spec.loader is None or not Path(path).is_file():
+        raise SystemExit(f"builder script {path!r} not found")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not isinstance(getattr(mod, "CONFIG", None), dict):
+        raise SystemExit(f"{path} defines no CONFIG dict")
+    config = apply_sets(json.loads(json.dumps(mod.CONFIG)), sets)
+    if hasattr(mod, "prepare"):
+        mod.prepare(config)
+    return config
+
+
+def cmd_build(a: argparse.Namespace) -> int:
+    from .build import build
+    from .builder import HiddenStatesConfig
+
+    config = HiddenStatesConfig(**load_preset(a.script, a.set))
+    command = "hs-dataset " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    s = build(config, a.output, progress=not a.no_progress, build_command=command)
+    c = s.counts
+    print(f"built {s.output_dir}: {c.written} samples written, {c.rejected} rejected (of {c.samples_in}), "
+          f"{c.tokens_written} tokens, {s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s "
+          f"({s.parts_built} parts built, {s.parts_skipped} already done)")
+    if c.rejected:
+        print(f"rejected samples and reasons: {Path(a.output) / 'rejects.jsonl'}")
+    if a.push:
+        from .publish import push_dataset
+
+        if not a.version:
+            raise SystemExit("--push needs --version (e.g. --version v1.0)")
+        r = push_dataset(a.output, a.push, a.version, force=a.force)
+        print(r)
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    import pyarrow as pa
+
+    out = Path(a.dir)
+    meta_path = out / "hs_dataset.json"
+    if not meta_path.exists():
+        raise SystemExit(f"{out} is not a finished hs_dataset build (no hs_dataset.json)")
+    meta = json.loads(meta_path.read_text())
+    files = sorted((out / "data").glob("train-*"))
+    print(f"dataset:   {out}")
+    print(f"model:     {meta['model']['architecture']} ({meta['model']['path']}), hidden {meta['model']['hidden_size']}, "
+          f"{meta['model']['num_layers']} layers")
+    print(f"layers:    {meta['layers']} + final   ({meta['layer_convention']})")
+    print(f"dtype:     {meta['storage_dtype']} stored as {meta['stored_as']}")
+    c = meta["counts"]
+    print(f"samples:   {c['written']} written, {c['rejected']} rejected, {c['samples_in']} in; {c['tokens_written']} tokens")
+    print(f"files:     {len(files)} shards, {sum(f.stat().st_size for f in files) / 2**20:.1f} MiB")
+    if c["tokens_written"]:
+        print(f"bytes/token: {meta['bytes'] / c['tokens_written']:.1f}")
+    print(f"backend:   {meta['backend']['name']} {meta['backend'].get('versions', {})}")
+    if files and files[0].suffix == ".arrow":
+        with pa.memory_map(str(files[0])) as src:
+            print("schema:\n" + str(pa.ipc.open_stream(src).schema.remove_metadata()))
+    return 0
+
+
+def cmd_push(a: argparse.Namespace) -> int:
+    from .publish import push_dataset
+
+    print(push_dataset(a.dir, a.repo_id, a.version, force=a.force))
+    return 0
+
+
+def cmd_versions(a: argparse.Namespace) -> int:
+    from .publish import list_versions
+
+    for v in list_versions(a.repo_id):
+        print(v)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="hs-dataset", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build (or resume) a dataset from a builder script")
+    b.add_argument("script", help="builder script, e.g. builder_scripts/tiny_demo.py")
+    b.add_argument("--output", "-o", required=True, help="output directory (resumable)")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--push", metavar="ORG/NAME", help="push to the Hub when the build is done")
+    b.add_argument("--version", help="version tag for --push, e.g. v1.0")
+    b.add_argument("--force", action="store_true", help="with --push: replace an existing version")
+    b.set_defaults(fn=cmd_build)
+    i = sub.add_parser("inspect", help="schema, counts, layers, dtype and sizes of a built dataset")
+    i.add_argument("dir")
+    i.set_defaults(fn=cmd_inspect)
+    p = sub.add_parser("push", help="upload a built dataset to the Hub as a tagged version")
+    p.add_argument("dir")
+    p.add_argument("repo_id")
+    p.add_argument("--version", required=True)
+    p.add_argument("--force", action="store_true", help="replace an existing version (recorded in the card)")
+    p.set_defaults(fn=cmd_push)
+    v = sub.add_parser("versions", help="list the versions of a dataset repo with their counts")
+    v.add_argument("repo_id")
+    v.set_defaults(fn=cmd_versions)
+    a = ap.parse_args(argv)
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

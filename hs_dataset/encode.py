@@ -1,0 +1,122 @@
+"""The encode stage: captured bf16 states -> Arrow-ready row values, and the dataset schema.
+
+Arrow and ``datasets`` have no bfloat16. States are stored **exactly**: the bf16 bit patterns
+as ``uint16`` in ``Array2D(shape=(None, hidden), dtype="uint16")`` columns, one per captured layer
+plus the final state. The logical dtype is recorded in ``hs_dataset.json`` and the card, and
+:mod:`hs_dataset.reader` turns a column back into ``torch.bfloat16`` without copying.
+
+Optional ``fp8_e4m3`` storage keeps one ``uint8`` byte per value (float8 e4m3fn bits) plus a
+per-token float32 scale column ``<column>_scale`` (scale = amax / 448, as in vLLM speculators'
+hidden-state connectors); the reader multiplies back to bf16.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from datasets import Array2D, Features, List, Value
+
+from .records import CaptureResult, SampleError
+
+STORAGE_DTYPES = ("bfloat16", "fp8_e4m3")
+FINAL_COLUMN = "hidden_final"
+FP8_MAX = 448.0  # largest finite float8 e4m3fn value
+
+
+def layer_column(k: int) -> str:
+    """Column name of captured layer ``k``."""
+    return f"hidden_layer_{k}"
+
+
+def state_columns(layers: tuple[int, ...]) -> list[str]:
+    """Hidden-state column names in storage order: the layers, then the final state."""
+    return [layer_column(k) for k in layers] + [FINAL_COLUMN]
+
+
+def scale_column(column: str) -> str:
+    return f"{column}_scale"
+
+
+def check_storage_dtype(storage_dtype: str) -> str:
+    if storage_dtype not in STORAGE_DTYPES:
+        raise ValueError(f"storage_dtype {storage_dtype!r} unknown: use one of {', '.join(STORAGE_DTYPES)}")
+    return storage_dtype
+
+
+def make_features(layers: tuple[int, ...], hidden_size: int, storage_dtype: str = "bfloat16") -> Features:
+    """The dataset schema for these layers."""
+    check_storage_dtype(storage_dtype)
+    cols: dict[str, Any] = {
+        "id": Value("string"),
+        "input_ids": List(Value("int32")),
+        "loss_mask": List(Value("uint8")),
+        "num_tokens": Value("int32"),
+    }
+    bits = "uint16" if storage_dtype == "bfloat16" else "uint8"
+    for c in state_columns(layers):
+        cols[c] = Array2D(shape=(None, hidden_size), dtype=bits)
+        if storage_dtype == "fp8_e4m3":
+            cols[scale_column(c)] = List(Value("float32"))
+    return Features(cols)
+
+
+def bytes_per_token(n_states: int, hidden_size: int, storage_dtype: str = "bfloat16") -> int:
+    """Hidden-state payload bytes per token (what writer batches and shard sizes are computed from)."""
+    if storage_dtype == "bfloat16":
+        return n_states * hidden_size * 2
+    return n_states * (hidden_size + 4)
+
+
+def check_finite(result: CaptureResult, columns: list[str]) -> None:
+    """Raise :class:`SampleError` naming the first state (layer) holding NaN or Inf."""
+    finite = torch.isfinite(result.states).flatten(1).all(dim=1)
+    if bool(finite.all()):
+        return
+    bad = int((~finite).nonzero()[0, 0])
+    st = result.states[bad]
+    nan, inf = int(torch.isnan(st).sum()), int(torch.isinf(st).sum())
+    raise SampleError(columns[bad], f"non-finite hidden state: {nan} NaN and {inf} Inf values")
+
+
+def bf16_bits(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy view of a contiguous CPU bf16 tensor as a uint16 numpy array."""
+    if t.dtype != torch.bfloat16:
+        raise TypeError(f"expected torch.bfloat16, got {t.dtype}")
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def fp8_encode(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """bf16 ``[T, H]`` -> (float8 e4m3fn bits ``uint8 [T, H]``, per-token scale ``float32 [T]``)."""
+    x = t.float()
+    scale = x.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
+    q = (x / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(torch.uint8).numpy(), scale.numpy()
+
+
+def fp8_decode(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`fp8_encode`: uint8 bits ``[T, H]`` and float32 scales ``[T]`` -> bf16."""
+    return (bits.view(torch.float8_e4m3fn).float() * scale[:, None].float()).to(torch.bfloat16)
+
+
+def encode_row(result: CaptureResult, storage_dtype: str = "bfloat16", *, check_nonfinite: bool = True) -> dict[str, Any]:
+    """One dataset row for a captured sample. Raises SampleError on NaN/Inf (names the layer)."""
+    s = result.sample
+    cols = state_columns(result.layers)
+    if result.states.shape[1] != s.num_tokens:
+        raise SampleError(cols[0], f"backend returned {result.states.shape[1]} positions for {s.num_tokens} tokens")
+    if check_nonfinite:
+        check_finite(result, cols)
+    row: dict[str, Any] = {
+        "id": s.sample_id,
+        "input_ids": s.input_ids.astype(np.int32, copy=False),
+        "loss_mask": s.loss_mask.astype(np.uint8, copy=False),
+        "num_tokens": s.num_tokens,
+    }
+    for i, c in enumerate(cols):
+        if storage_dtype == "bfloat16":
+            row[c] = bf16_bits(result.states[i])
+        else:
+            row[c], row[scale_column(c)] = fp8_encode(result.states[i])
+    return row

@@ -1,0 +1,148 @@
+"""The reader: dataset rows -> torch bf16 tensors, without upcasts or extra copies.
+
+``load_dataset`` gives nested Python lists for ``Array2D`` columns, and ``with_format("torch")``
+upcasts and copies. Read through Arrow instead::
+
+    ds = load_dataset("org/kimi-eagle3-hs", revision="v1.0", split="train")
+    for sample in hs_dataset.reader.iter_torch(ds):          # or streaming=True: same call
+        sample["hidden_layer_3"]   # torch.bfloat16 [T, H], a view of the Arrow buffer (read-only)
+
+    loader = DataLoader(list_or_iterable, collate_fn=DrafterCollator())
+
+``decode_row`` / ``iter_torch`` return the stored bf16 bits viewed as ``torch.bfloat16`` (zero
+copy). fp8-stored columns are decoded to bf16 (one multiply). Tensors viewing Arrow memory must
+not be written to; :class:`DrafterCollator` copies them once into the padded batch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
+import torch
+
+from .encode import FINAL_COLUMN, fp8_decode, scale_column
+
+LAYER_PREFIX = "hidden_layer_"
+
+
+def _chunk_and_index(col: pa.ChunkedArray | pa.Array, i: int) -> tuple[pa.Array, int]:
+    if isinstance(col, pa.Array):
+        return col, i
+    for chunk in col.chunks:
+        if i < len(chunk):
+            return chunk, i
+        i -= len(chunk)
+    raise IndexError("row index out of range")
+
+
+def _as_tensor(values: pa.Array) -> torch.Tensor:
+    """Zero-copy torch view of a primitive Arrow array without nulls."""
+    arr = values.to_numpy(zero_copy_only=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Arrow buffers are read-only
+        return torch.from_numpy(arr)
+
+
+def column_bits(col: pa.ChunkedArray | pa.Array, i: int = 0) -> torch.Tensor:
+    """Row ``i`` of an ``Array2D(shape=(None, H))`` column as its raw stored integer tensor ``[T, H]``."""
+    chunk, j = _chunk_and_index(col, i)
+    storage = chunk.storage if isinstance(chunk, pa.ExtensionArray) else chunk
+    outer = storage.offsets
+    s, e = outer[j].as_py(), outer[j + 1].as_py()
+    inner = storage.values
+    a, b = inner.offsets[s].as_py(), inner.offsets[e].as_py()
+    flat = _as_tensor(inner.values.slice(a, b - a))
+    T = e - s
+    return flat.view(T, (b - a) // T if T else 0)
+
+
+def list_values(col: pa.ChunkedArray | pa.Array, i: int = 0) -> torch.Tensor:
+    """Row ``i`` of a ``List(Value(...))`` column as a zero-copy 1-D tensor."""
+    chunk, j = _chunk_and_index(col, i)
+    return _as_tensor(chunk.values.slice(chunk.offsets[j].as_py(), chunk.value_lengths()[j].as_py()))
+
+
+def decode_state(table: pa.Table, column: str, i: int = 0) -> torch.Tensor:
+    """One hidden-state column of row ``i`` as ``torch.bfloat16 [T, H]``."""
+    bits = column_bits(table.column(column), i)
+    if bits.dtype == torch.uint16:
+        return bits.view(torch.bfloat16)
+    if bits.dtype == torch.uint8:
+        return fp8_decode(bits, list_values(table.column(scale_column(column)), i))
+    raise TypeError(f"column {column!r} holds {bits.dtype}, not a hidden-state encoding")
+
+
+def state_columns_of(table: pa.Table) -> list[str]:
+    """Hidden-state columns of a table: the layers in ascending order, then the final state."""
+    layers = sorted((c for c in table.column_names if c.startswith(LAYER_PREFIX) and not c.endswith("_scale")),
+                    key=lambda c: int(c[len(LAYER_PREFIX):]))
+    return layers + ([FINAL_COLUMN] if FINAL_COLUMN in table.column_names else [])
+
+
+def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None) -> dict[str, Any]:
+    """Row ``i`` of an Arrow table (``ds.with_format("arrow")[k]`` or a batch) as torch tensors.
+
+    Returns ``id`` (str), ``input_ids`` (int32 [T]), ``loss_mask`` (uint8 [T]) and every
+    hidden-state column as ``torch.bfloat16 [T, H]``.
+    """
+    out: dict[str, Any] = {}
+    names = table.column_names
+    if "id" in names:
+        out["id"] = table.column("id")[i].as_py()
+    for c in ("input_ids", "loss_mask"):
+        if c in names:
+            out[c] = list_values(table.column(c), i)
+    for c in columns if columns is not None else state_columns_of(table):
+        out[c] = decode_state(table, c, i)
+    return out
+
+
+def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Iterate a ``Dataset`` or a streaming ``IterableDataset`` as dicts of torch tensors (see decode_row)."""
+    cols = list(columns) if columns is not None else None
+    for table in ds.with_format("arrow").iter(batch_size=batch_size):
+        for i in range(table.num_rows):
+            yield decode_row(table, i, cols)
+
+
+class DrafterCollator:
+    """Pads decoded samples into an EAGLE-3 training batch.
+
+    Output keys: ``input_ids`` (int64 [B, T]), ``attention_mask`` and ``loss_mask`` (int64 [B, T]),
+    ``hidden_states`` (the final post-norm state, bf16 [B, T, H]) and ``aux_hidden_states``
+    (the captured layers concatenated in ascending order, bf16 [B, T, n*H], as SpecForge's
+    offline trainer expects). Each state is copied once, straight into its place in the batch.
+    """
+
+    def __init__(self, max_length: int | None = None, pad_token_id: int = 0):
+        self.max_length = max_length
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if not samples:
+            raise ValueError("DrafterCollator got an empty batch")
+        layer_cols = [c for c in samples[0] if c.startswith(LAYER_PREFIX)]
+        layer_cols.sort(key=lambda c: int(c[len(LAYER_PREFIX):]))
+        lens = [min(int(s["input_ids"].shape[0]), self.max_length or 1 << 62) for s in samples]
+        B, T = len(samples), max(lens)
+        H = samples[0][FINAL_COLUMN].shape[-1]
+        batch = {
+            "input_ids": torch.full((B, T), self.pad_token_id, dtype=torch.long),
+            "attention_mask": torch.zeros((B, T), dtype=torch.long),
+            "loss_mask": torch.zeros((B, T), dtype=torch.long),
+            "hidden_states": torch.zeros((B, T, H), dtype=torch.bfloat16),
+            "aux_hidden_states": torch.zeros((B, T, len(layer_cols) * H), dtype=torch.bfloat16),
+        }
+        for b, (s, n) in enumerate(zip(samples, lens)):
+            batch["input_ids"][b, :n] = s["input_ids"][:n]
+            batch["attention_mask"][b, :n] = 1
+            batch["loss_mask"][b, :n] = s["loss_mask"][:n]
+            batch["hidden_states"][b, :n] = s[FINAL_COLUMN][:n]
+            for j, c in enumerate(layer_cols):
+                batch["aux_hidden_states"][b, :n, j * H:(j + 1) * H] = s[c][:n]
+        return batch
+
+
+__all__ = ["DrafterCollator", "column_bits", "decode_row", "decode_state", "iter_torch", "list_values"]

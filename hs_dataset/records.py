@@ -1,0 +1,129 @@
+"""Records passed between the pipeline stages.
+
+source -> tokenize+mask -> capture backend -> encode -> shard writer -> publish -> reader
+
+Every stage takes and returns these small dataclasses, so that each stage can be tested alone.
+A stage that cannot handle one sample raises :class:`SampleError`; the builder turns it into a
+:class:`Reject` (sample id, field, reason) and goes on, so that samples in = written + rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+ROLES = ("system", "user", "assistant")
+
+
+class SampleError(ValueError):
+    """One sample cannot be used. ``field`` names the offending field (e.g. ``conversations[2].value``)."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat turn, normalised: role is one of :data:`ROLES`."""
+
+    role: str
+    content: str
+
+
+@dataclass
+class SourceRow:
+    """One raw row read from a source, before any validation.
+
+    ``sample_id`` is stable across runs: ``<source name>:<row index>`` or a content hash.
+    """
+
+    sample_id: str
+    index: int
+    data: Any
+
+
+@dataclass
+class Conversation:
+    """A validated conversation (system prompt optional, at least one assistant turn)."""
+
+    sample_id: str
+    messages: list[Message]
+
+
+@dataclass
+class TokenizedSample:
+    """Token ids and the loss mask (1 = assistant reply token the drafter is trained on)."""
+
+    sample_id: str
+    input_ids: np.ndarray  # int32 [T]
+    loss_mask: np.ndarray  # uint8 [T]
+    truncated: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass
+class CaptureResult:
+    """Hidden states of one sample as the backend produced them (CPU, torch.bfloat16).
+
+    ``states`` is ``[len(layers) + 1, T, H]``: the configured layers in the order of
+    ``layers``, then the final post-norm state. See :mod:`hs_dataset.backends.base` for the layer
+    index convention.
+    """
+
+    sample: TokenizedSample
+    layers: tuple[int, ...]
+    states: torch.Tensor
+
+    def layer(self, k: int) -> torch.Tensor:
+        return self.states[self.layers.index(k)]
+
+    @property
+    def final(self) -> torch.Tensor:
+        return self.states[-1]
+
+
+@dataclass
+class Reject:
+    """A sample that was not written, and why."""
+
+    sample_id: str
+    field: str
+    reason: str
+    stage: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class Counts:
+    """Samples in = written + rejected, per build (or per part of a build)."""
+
+    samples_in: int = 0
+    written: int = 0
+    rejected: int = 0
+    tokens_written: int = 0
+    rejects_by_stage: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: "Counts") -> None:
+        self.samples_in += other.samples_in
+        self.written += other.written
+        self.rejected += other.rejected
+        self.tokens_written += other.tokens_written
+        for k, v in other.rejects_by_stage.items():
+            self.rejects_by_stage[k] = self.rejects_by_stage.get(k, 0) + v
+
+    def check(self) -> None:
+        if self.samples_in != self.written + self.rejected:
+            raise RuntimeError(
+                f"sample accounting broken: {self.samples_in} in != {self.written} written + "
+                f"{self.rejected} rejected; this is a bug in hs_dataset, please report it"
+            )

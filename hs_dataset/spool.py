@@ -1,0 +1,130 @@
+"""Binary transport of captured states from the SGLang scheduler to the builder (no JSON).
+
+The plugin (TP rank 0) writes one file per request *chunk* into a spool directory (``/dev/shm``
+by default, so the bytes never touch the disk before the shard writer):
+
+    <rid>.<start:08d>.st     safetensors: "states" bf16 [n_states, length, H]; metadata start/length
+
+written to a temporary name and renamed, so a visible file is always whole. A request prefilled
+in one pass has one file starting at 0; a chunked prefill has one file per chunk, each naming
+its start, so the reader follows ``start -> start + length`` without listing the directory.
+``<rid>.error`` tells the reader why a request cannot be captured (e.g. a radix-cache hit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+
+MANIFEST = "plugin-manifest.json"
+PLUGIN_ERROR = "plugin-error.txt"
+ENV = "HS_DATASET_CAPTURE"  # JSON {"layers": [...], "spool": "...", "rid_prefix": "..."} for the plugin
+
+
+def chunk_path(spool: str | os.PathLike, rid: str, start: int) -> Path:
+    return Path(spool) / f"{rid}.{start:08d}.st"
+
+
+def error_path(spool: str | os.PathLike, rid: str) -> Path:
+    return Path(spool) / f"{rid}.error"
+
+
+def write_chunk(spool: str | os.PathLike, rid: str, start: int, parts: list[torch.Tensor], meta: dict[str, str]) -> int:
+    """Write ``parts`` (each a contiguous bf16 ``[length, H]`` CPU tensor, one per state) as one
+    safetensors tensor ``states [len(parts), length, H]`` without concatenating them first."""
+    length, hidden = parts[0].shape
+    nbytes = sum(p.numel() * 2 for p in parts)
+    header = {"states": {"dtype": "BF16", "shape": [len(parts), length, hidden], "data_offsets": [0, nbytes]},
+              "__metadata__": {**meta, "start": str(start), "length": str(length)}}
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    final = chunk_path(spool, rid, start)
+    tmp = final.with_name("." + final.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for p in parts:
+            f.write(memoryview(p.contiguous().view(torch.int16).numpy()).cast("B"))
+    os.replace(tmp, final)
+    return nbytes
+
+
+@dataclass
+class Chunk:
+    start: int
+    states: torch.Tensor  # bf16 [n_states, length, H]
+
+
+def read_chunk(path: Path) -> Chunk:
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        states = f.get_tensor("states")
+    return Chunk(int(meta["start"]), states)
+
+
+class SpoolTimeout(RuntimeError):
+    pass
+
+
+def collect(spool: str | os.PathLike, rid: str, num_tokens: int, *, timeout: float,
+            alive: Callable[[], None] | None = None) -> torch.Tensor:
+    """Wait for and read every chunk of ``rid`` covering positions ``[0, num_tokens)``; delete them.
+
+    Returns bf16 ``[n_states, num_tokens, H]``. ``alive()`` is called while waiting and should
+    raise if the engine died. Raises :class:`SpoolTimeout` after ``timeout`` seconds without
+    progress, and ``RuntimeError`` with the plugin's reason if it wrote ``<rid>.error``.
+    """
+    chunks: list[torch.Tensor] = []
+    pos = 0
+    deadline = time.monotonic() + timeout
+    sleep = 0.0005
+    while pos < num_tokens:
+        path = chunk_path(spool, rid, pos)
+        if path.exists():
+            c = read_chunk(path)
+            path.unlink()
+            chunks.append(c.states)
+            pos += c.states.shape[1]
+            deadline = time.monotonic() + timeout
+            sleep = 0.0005
+            continue
+        err = error_path(spool, rid)
+        if err.exists():
+            reason = err.read_text()
+            err.unlink()
+            raise RuntimeError(reason)
+        if time.monotonic() > deadline:
+            raise SpoolTimeout(f"no hidden states for request {rid} at position {pos} of {num_tokens} "
+                               f"after {timeout:.0f}s in {spool}")
+        if alive is not None and sleep >= 0.05:
+            alive()
+        time.sleep(sleep)
+        sleep = min(sleep * 2, 0.05)
+    if pos != num_tokens:
+        raise RuntimeError(f"request {rid}: captured {pos} positions for {num_tokens} tokens")
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)
+
+
+def request_spans(rids: list[str], extend_lens: list[int], prefix_lens: list[int],
+                  rid_prefix: str) -> list[tuple[str, int, int, int]]:
+    """Split a batched prefill into our requests: ``(rid, row_offset, start_position, length)``.
+
+    Rows of a batched EXTEND pass are the requests' new tokens back to back, in batch order;
+    ``start_position`` is the request's prefix length (tokens computed in earlier passes).
+    Requests whose id does not start with ``rid_prefix`` are not ours and are skipped.
+    """
+    out = []
+    off = 0
+    for rid, n, p in zip(rids, extend_lens, prefix_lens):
+        if rid.startswith(rid_prefix) and n > 0:
+            out.append((rid, off, int(p), int(n)))
+        off += int(n)
+    return out
