@@ -107,8 +107,11 @@ class HiddenStatesBuilder(datasets.GeneratorBasedBuilder):
     BUILDER_CONFIG_CLASS = HiddenStatesConfig
     config: HiddenStatesConfig
 
-    def __init__(self, *args, backend: CaptureBackend | None = None,
+    def __init__(self, *args, config: HiddenStatesConfig | None = None, backend: CaptureBackend | None = None,
                  on_row: Callable[[int, int], None] | None = None, **kwargs):
+        if config is not None:  # datasets >= 4 builders take config fields as keyword arguments
+            kwargs.update({f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                           if f.name not in ("version", "data_dir", "data_files", "description")})
         self._backend = backend
         self._on_row = on_row
         self.counts = Counts()

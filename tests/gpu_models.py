@@ -1,0 +1,88 @@
+"""Random-weight checkpoints that SGLang 0.5.17 loads, in the shapes whose kernels the device's
+kernel cache covers (adapted from the team's verified GPU recipe). Made locally, no downloads."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+
+def make_llama(out: str | Path, *, hidden=512, layers=8, heads=8, kv_heads=4, inter=1536, vocab=32000, seed=0) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                      max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                      bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
+    return out
+
+
+def make_dsv3(out: str | Path, seed=0) -> Path:
+    """DeepSeek-V3 style (MLA + MoE, 4 layers, the first dense) with the official tensor names."""
+    from safetensors.torch import save_file
+    from transformers import DeepseekV3Config
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    torch.manual_seed(seed)
+    H, V, L = 512, 32000, 4
+    nh, qlr, kvlr, nope, rope, vd = 8, 256, 512, 128, 64, 128
+    inter, moe_inter, E, shared = 1024, 256, 8, 1
+    cfg = DeepseekV3Config(
+        vocab_size=V, hidden_size=H, intermediate_size=inter, moe_intermediate_size=moe_inter,
+        num_hidden_layers=L, num_attention_heads=nh, num_key_value_heads=nh,
+        n_shared_experts=shared, n_routed_experts=E, num_experts_per_tok=2,
+        n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        q_lora_rank=qlr, kv_lora_rank=kvlr, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+        v_head_dim=vd, max_position_embeddings=4096, rope_scaling=None,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    d = cfg.to_dict()
+    d["architectures"] = ["DeepseekV3ForCausalLM"]
+    d["torch_dtype"] = d["dtype"] = "bfloat16"
+    d.setdefault("topk_method", "noaux_tc")
+    d.setdefault("scoring_func", "sigmoid")
+    d.setdefault("norm_topk_prob", True)
+    d["num_nextn_predict_layers"] = 0
+    d.update(moe_layer_freq=1, ep_size=1, aux_loss_alpha=0.001, seq_aux=True)  # read by sglang's deepseek_v2.py
+    os.makedirs(out, exist_ok=True)
+    bf = torch.bfloat16
+    r = lambda *s: (torch.randn(*s) * 0.02).to(bf)  # noqa: E731
+    one = lambda n: torch.ones(n, dtype=bf)  # noqa: E731
+    sd = {"model.embed_tokens.weight": r(V, H), "model.norm.weight": one(H), "lm_head.weight": r(V, H)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        sd.update({
+            p + "input_layernorm.weight": one(H), p + "post_attention_layernorm.weight": one(H),
+            p + "self_attn.q_a_proj.weight": r(qlr, H), p + "self_attn.q_a_layernorm.weight": one(qlr),
+            p + "self_attn.q_b_proj.weight": r(nh * (nope + rope), qlr),
+            p + "self_attn.kv_a_proj_with_mqa.weight": r(kvlr + rope, H),
+            p + "self_attn.kv_a_layernorm.weight": one(kvlr),
+            p + "self_attn.kv_b_proj.weight": r(nh * (nope + vd), kvlr),
+            p + "self_attn.o_proj.weight": r(H, nh * vd),
+        })
+        if i < cfg.first_k_dense_replace:
+            sd.update({p + "mlp.gate_proj.weight": r(inter, H), p + "mlp.up_proj.weight": r(inter, H),
+                       p + "mlp.down_proj.weight": r(H, inter)})
+        else:
+            sd[p + "mlp.gate.weight"] = r(E, H)
+            sd[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(E, dtype=torch.float32)
+            for e in range(E):
+                q = p + f"mlp.experts.{e}."
+                sd.update({q + "gate_proj.weight": r(moe_inter, H), q + "up_proj.weight": r(moe_inter, H),
+                           q + "down_proj.weight": r(H, moe_inter)})
+            si = shared * moe_inter
+            sd.update({p + "mlp.shared_experts.gate_proj.weight": r(si, H),
+                       p + "mlp.shared_experts.up_proj.weight": r(si, H),
+                       p + "mlp.shared_experts.down_proj.weight": r(H, si)})
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(d, indent=1))
+    return out
