@@ -1,0 +1,250 @@
+"""Tokenize + loss-mask stage: conversation -> token ids and a mask of the assistant replies.
+
+The tokenizer's OWN chat template renders the conversation; nothing about a model's separators is
+hard-coded here. The assistant spans come from the template itself, by rendering growing
+prefixes of the conversation. For assistant turn ``i``:
+
+* ``A`` = render(messages[:i], add_generation_prompt=True): everything up to where the model
+  starts to write;
+* ``B`` = render(messages[:i+1]): the same plus the reply and whatever the template writes after
+  it (end-of-turn marker(s), e.g. ``<|im_end|>\\n`` or ``<|eot_id|>``).
+
+Both must be string prefixes of the full rendering (else the template is not prefix-stable, e.g.
+it rewrites earlier turns, and the sample is rejected). The characters ``[len(A), len(B))`` of the
+full text are the assistant span: the reply as the template renders it (a template may trim it)
+plus the end-of-turn marker(s). The full text is tokenized once (``add_special_tokens=False``:
+the template renders BOS itself) with offsets, and a token is in the loss mask when its
+characters overlap an assistant span.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .records import Conversation, Message, SampleError, SourceRow, TokenizedSample
+from .sources import parse_row
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+__all__ = [
+    "MASK_MODES",
+    "TRUNCATION_MODES",
+    "assistant_char_spans",
+    "chat_template_sha256",
+    "load_tokenizer",
+    "render_conversation",
+    "tokenize_conversation",
+    "tokenize_row",
+]
+
+MASK_MODES = ("all", "last")
+TRUNCATION_MODES = ("truncate", "reject")
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast:
+    """Load a fast (``tokenizers``-backed) tokenizer with a chat template from a local directory.
+
+    Raises ``ValueError`` saying what to fix if it is not a fast tokenizer or has no chat template.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(os.fspath(path))
+    except Exception as e:  # transformers raises many kinds here (OSError, ValueError, KeyError...)
+        raise ValueError(
+            f"cannot load a tokenizer from {os.fspath(path)!r}: {type(e).__name__}: {e}; point to a "
+            "directory with tokenizer.json and tokenizer_config.json (the model directory)"
+        ) from e
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(
+            f"tokenizer at {os.fspath(path)!r} is not a fast tokenizer ({type(tok).__name__}); the "
+            "loss mask needs character offsets, so provide a tokenizer.json (convert it with "
+            "AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(...))"
+        )
+    if not tok.chat_template:
+        raise ValueError(
+            f"tokenizer at {os.fspath(path)!r} has no chat template; use the instruct/chat model's "
+            "tokenizer, or set tokenizer.chat_template and save_pretrained it"
+        )
+    return tok
+
+
+def chat_template_sha256(tokenizer: PreTrainedTokenizerFast) -> str:
+    """sha256 hex digest of the tokenizer's chat template (a dict of named templates is hashed as canonical JSON)."""
+    template = tokenizer.chat_template
+    if template is None:
+        raise ValueError("tokenizer has no chat template")
+    if isinstance(template, str):
+        data = template.encode("utf-8")
+    else:
+        data = json.dumps(template, sort_keys=True, ensure_ascii=True).encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+def render_conversation(tokenizer: PreTrainedTokenizerFast, messages: list[Message], *, add_generation_prompt: bool) -> str:
+    """Render ``messages`` with the tokenizer's chat template; a template failure is a SampleError."""
+    chat = [{"role": m.role, "content": m.content} for m in messages]
+    try:
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
+    except Exception as e:  # jinja2 errors, raise_exception() in templates, TypeError...
+        raise SampleError(
+            "chat_template",
+            f"rendering {len(chat)} message(s) failed: {type(e).__name__}: {e}",
+        ) from None
+    if not isinstance(text, str):
+        raise SampleError("chat_template", f"rendering returned {type(text).__name__}, not a string")
+    return text
+
+
+def assistant_char_spans(
+    tokenizer: PreTrainedTokenizerFast, messages: list[Message], *, mask: str = "all"
+) -> tuple[str, list[tuple[int, int]]]:
+    """Render ``messages`` and return ``(full_text, spans)``: the ``[start, end)`` character spans
+    of the assistant replies (reply + the end-of-turn marker(s) the template renders after it).
+
+    ``mask="last"`` returns only the last reply's span.
+    """
+    if mask not in MASK_MODES:
+        raise ValueError(f"mask must be one of {MASK_MODES}, got {mask!r}")
+    full = render_conversation(tokenizer, messages, add_generation_prompt=False)
+    turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    if mask == "last":
+        turns = turns[-1:]
+    spans: list[tuple[int, int]] = []
+    for i in turns:
+        before = render_conversation(tokenizer, messages[:i], add_generation_prompt=True) if i > 0 else ""
+        upto = render_conversation(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        for name, text in (("prompt", before), ("reply", upto)):
+            if not full.startswith(text):
+                at = _first_difference(full, text)
+                raise SampleError(
+                    "chat_template",
+                    f"template is not prefix-stable at turn {i}: the {name} rendering differs from the "
+                    f"full conversation at character {at} ({text[at:at + 30]!r} vs {full[at:at + 30]!r}); "
+                    "the loss mask cannot be derived from this template (does it rewrite earlier turns?)",
+                )
+        if len(upto) <= len(before):
+            raise SampleError(
+                "chat_template",
+                f"template renders nothing for the assistant turn {i} after the generation prompt",
+            )
+        spans.append((len(before), len(upto)))
+    return full, spans
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
+
+
+def _mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token whose characters overlap a span (an empty token: whose start lies in one)."""
+    mask = np.zeros(len(offsets), dtype=np.uint8)
+    if not spans:
+        return mask
+    starts = np.array([s for s, _ in offsets], dtype=np.int64)
+    ends = np.array([e for _, e in offsets], dtype=np.int64)
+    for a, b in spans:
+        overlap = (starts < b) & (ends > a)
+        empty_inside = (ends <= starts) & (starts >= a) & (starts < b)
+        mask[overlap | empty_inside] = 1
+    return mask
+
+
+def _check_modes(max_length: int, mask: str, truncation: str) -> None:
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+    if mask not in MASK_MODES:
+        raise ValueError(f"mask must be one of {MASK_MODES}, got {mask!r}")
+    if truncation not in TRUNCATION_MODES:
+        raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
+
+
+def _finish(sample_id: str, ids: np.ndarray, loss_mask: np.ndarray, *, max_length: int, truncation: str) -> TokenizedSample:
+    """Apply the truncation policy and the 'something to train on' check."""
+    n = int(ids.shape[0])
+    truncated = False
+    if n > max_length:
+        if truncation == "reject":
+            raise SampleError(
+                "input_ids",
+                f"sample has {n} tokens, more than max_length={max_length} (truncation='reject'); "
+                "raise max_length or use truncation='truncate'",
+            )
+        ones = np.flatnonzero(loss_mask)
+        ids, loss_mask, truncated = ids[:max_length], loss_mask[:max_length], True
+        if not loss_mask.any():
+            first = int(ones[0]) if ones.size else -1
+            raise SampleError(
+                "input_ids",
+                f"truncating {n} tokens to max_length={max_length} leaves no assistant token (the first "
+                f"one is at position {first}); raise max_length or drop this sample",
+            )
+    if not loss_mask.any():
+        raise SampleError("loss_mask", "no token has loss_mask=1; there is nothing to train on")
+    return TokenizedSample(
+        sample_id=sample_id,
+        input_ids=np.ascontiguousarray(ids, dtype=np.int32),
+        loss_mask=np.ascontiguousarray(loss_mask, dtype=np.uint8),
+        truncated=truncated,
+    )
+
+
+def tokenize_conversation(
+    conv: Conversation,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    max_length: int,
+    mask: str = "all",
+    truncation: str = "truncate",
+) -> TokenizedSample:
+    """Render ``conv`` with the tokenizer's chat template, tokenize it, and mask the assistant replies.
+
+    ``mask``: ``"all"`` assistant turns or only the ``"last"``. ``truncation``: ``"truncate"`` keeps
+    the first ``max_length`` tokens (rejected if no masked token remains), ``"reject"`` rejects a
+    longer sample. Problems raise :class:`SampleError`.
+    """
+    _check_modes(max_length, mask, truncation)
+    full, spans = assistant_char_spans(tokenizer, conv.messages, mask=mask)
+    try:
+        enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    except Exception as e:
+        raise SampleError("chat_template", f"tokenizing the rendered text failed: {type(e).__name__}: {e}") from None
+    ids = np.asarray(enc["input_ids"], dtype=np.int64)
+    if ids.size == 0:
+        raise SampleError("chat_template", "the rendered conversation tokenizes to no tokens")
+    loss_mask = _mask_from_offsets(list(enc["offset_mapping"]), spans)
+    return _finish(conv.sample_id, ids, loss_mask, max_length=max_length, truncation=truncation)
+
+
+def tokenize_row(
+    row: SourceRow,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    max_length: int,
+    mask: str = "all",
+    truncation: str = "truncate",
+) -> TokenizedSample:
+    """:func:`~hs_dataset.sources.parse_row` + :func:`tokenize_conversation`; raw token rows are
+    checked against the vocabulary (``len(tokenizer)``) and the truncation policy instead.
+    """
+    _check_modes(max_length, mask, truncation)
+    parsed = parse_row(row)
+    if isinstance(parsed, Conversation):
+        return tokenize_conversation(parsed, tokenizer, max_length=max_length, mask=mask, truncation=truncation)
+    vocab = len(tokenizer)
+    ids = parsed.input_ids.astype(np.int64)
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+    if bad.size:
+        j = int(bad[0])
+        raise SampleError(f"input_ids[{j}]", f"token id {int(ids[j])} out of vocabulary of size {vocab}")
+    return _finish(parsed.sample_id, ids, parsed.loss_mask, max_length=max_length, truncation=truncation)
