@@ -1,0 +1,214 @@
+"""Dataset card (README.md) rendering for published hidden-state datasets.
+
+``render_card(metadata, extra)`` keeps the YAML header the build wrote (its ``configs:`` block is
+what makes a plain ``load_dataset(repo)`` find the shards, ``dataset_info:`` carries the features)
+byte for byte, and replaces the body with provenance read from ``hs_dataset.json`` plus the
+publication history. The body comes from ``cards/dataset_card.md`` (a :class:`string.Template`).
+
+The history is also embedded as a JSON HTML comment (invisible on the Hub), so the next push can
+carry it forward: see :func:`parse_history`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+TEMPLATE_ENV = "HS_DATASET_CARD_TEMPLATE"
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "cards" / "dataset_card.md"
+HISTORY_MARKER = "hs_dataset:publish_history"
+_HISTORY_RE = re.compile(r"<!--\s*" + re.escape(HISTORY_MARKER) + r"\s*(.*?)\s*-->", re.S)
+_YAML_HEADER_RE = re.compile(r"\A---[ \t]*\r?\n(.*?\r?\n)?---[ \t]*(?:\r?\n|\Z)", re.S)
+
+
+def split_readme(readme: str) -> tuple[str, str]:
+    """-> (yaml header including both ``---`` lines, or "", body)."""
+    match = _YAML_HEADER_RE.match(readme)
+    if not match:
+        return "", readme
+    return match.group(0), readme[match.end():]
+
+
+def default_yaml_header() -> str:
+    """Header used when the build's README has none: enough for ``load_dataset`` to find the data."""
+    return (
+        "---\n"
+        "configs:\n"
+        "- config_name: default\n"
+        "  data_files:\n"
+        "  - split: train\n"
+        "    path: data/train-*.arrow\n"
+        "---\n"
+    )
+
+
+def parse_history(readme: str) -> list[dict]:
+    """Publication history embedded in a card rendered by :func:`render_card` ([] if none)."""
+    match = _HISTORY_RE.search(readme or "")
+    if not match:
+        return []
+    try:
+        data = json.loads(match.group(1))
+    except ValueError:
+        return []
+    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+
+
+def _cell(value: Any) -> str:
+    """A value safe inside a markdown table cell."""
+    if value is None or value == "":
+        return "n/a"
+    if isinstance(value, (list, tuple)):
+        value = ", ".join(str(v) for v in value)
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _code(value: Any) -> str:
+    """Text for inside a single-backtick span (backticks would end it)."""
+    return _cell(value).replace("`", "'")
+
+
+def human_bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "n/a"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(n)} bytes" if unit == "B" else f"{size:.2f} {unit} ({int(n)} bytes)"
+        size /= 1024
+    return str(n)
+
+
+def decode_snippet(storage_dtype: str, column: str) -> str:
+    """A copy-pasteable decoder for one hidden-state column."""
+    if storage_dtype == "bfloat16":
+        return (
+            "import numpy as np, torch\n"
+            f'bits = np.asarray(ds[0]["{column}"], dtype=np.uint16)  # [tokens, hidden] bfloat16 bit patterns\n'
+            "hidden = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)"
+        )
+    if storage_dtype == "float16":
+        return (
+            "import numpy as np\n"
+            f'hidden = np.asarray(ds[0]["{column}"], dtype=np.uint16).view(np.float16)  # [tokens, hidden]'
+        )
+    if storage_dtype in ("float32", "float64"):
+        return f'import numpy as np\nhidden = np.asarray(ds[0]["{column}"], dtype=np.{storage_dtype})  # [tokens, hidden]'
+    # scaled / packed encodings (e.g. float8 + per-token scale): use the project's decoder
+    return (
+        "from hs_dataset.reader import decode_row\n"
+        "row = decode_row(ds.with_format('arrow')[0])  # dict of torch tensors"
+    )
+
+
+def _history_table(history: list[dict], tags: dict[str, str], current_version: str) -> str:
+    rows = ["| version | commit | pushed (UTC) | notes |", "|---|---|---|---|"]
+    for entry in history:
+        version = entry.get("version", "?")
+        if version == current_version and entry is history[-1]:
+            commit = "this commit"
+        else:
+            commit = entry.get("commit") or tags.get(version) or "n/a"
+            commit = f"`{_code(commit)}`" if commit != "n/a" else commit
+        notes = []
+        if entry.get("force"):
+            prev = entry.get("previous_commit")
+            notes.append(f"force-pushed, replaced `{_code(prev)}`" if prev else "force-pushed")
+        if entry.get("note"):
+            notes.append(_cell(entry["note"]))
+        rows.append(f"| `{_code(version)}` | {commit} | {_cell(entry.get('pushed_at'))} | {'; '.join(notes) or ''} |")
+    return "\n".join(rows)
+
+
+def render_card(metadata: dict, extra: dict) -> str:
+    """Render the README.md published with a dataset version.
+
+    ``metadata``: the build's ``hs_dataset.json``.
+    ``extra`` (all optional): ``readme`` (the build's README.md text, whose YAML header is kept
+    verbatim), ``repo_id``, ``version``, ``pushed_at`` (ISO UTC), ``build_command`` (overrides
+    metadata's), ``history`` (list of ``{version, commit, pushed_at, force, previous_commit}``,
+    oldest first, the entry for this version last), ``tags`` ({tag: commit} for the table),
+    ``template`` (template text; default ``cards/dataset_card.md`` or ``$HS_DATASET_CARD_TEMPLATE``).
+    """
+    header, _ = split_readme(extra.get("readme") or "")
+    if not header:
+        header = default_yaml_header()
+    if not header.endswith("\n"):
+        header += "\n"
+    template_text = extra.get("template")
+    if template_text is None:
+        template_path = Path(os.environ.get(TEMPLATE_ENV) or DEFAULT_TEMPLATE)
+        if not template_path.is_file():
+            raise FileNotFoundError(
+                f"dataset card template not found at {template_path}; set ${TEMPLATE_ENV} or pass extra['template']"
+            )
+        template_text = template_path.read_text(encoding="utf-8")
+
+    model = metadata.get("model") or {}
+    tokenizer = metadata.get("tokenizer") or {}
+    counts = metadata.get("counts") or {}
+    backend = metadata.get("backend") or {}
+    layers = metadata.get("layers") or []
+    columns = metadata.get("columns") or []
+    hidden_columns = [c for c in columns if "hidden" in str(c)] or [f"hidden_layer_{layer}" for layer in layers]
+    storage_dtype = str(metadata.get("storage_dtype") or "bfloat16")
+    version = str(extra.get("version") or "unversioned")
+    repo_id = str(extra.get("repo_id") or "<repo_id>")
+    history = list(extra.get("history") or [])
+    tags = dict(extra.get("tags") or {})
+    build_command = extra.get("build_command") or metadata.get("build_command") or "n/a"
+    build_command = str(build_command).replace("~~~~", "~ ~ ~ ~")
+
+    versions = backend.get("versions") or {}
+    versions_table = "\n".join(
+        ["| package | version |", "|---|---|"] + [f"| {_cell(k)} | `{_code(v)}` |" for k, v in sorted(versions.items())]
+    ) if versions else "n/a"
+    forced = [e for e in history if e.get("force")]
+    force_note = ""
+    if forced:
+        lines = ["", "**Force-pushed versions.** These tags were moved to new commits; the commits they pointed "
+                     "at before are listed so that earlier downloads can be identified:", ""]
+        for e in forced:
+            lines.append(f"- `{_code(e.get('version'))}` force-pushed at {_cell(e.get('pushed_at'))}, previous commit "
+                         f"`{_code(e.get('previous_commit'))}`")
+        force_note = "\n".join(lines) + "\n"
+
+    values = {
+        "title": _cell(extra.get("title") or f"{repo_id} ({version})"),
+        "repo_id": _code(repo_id),
+        "version": _code(version),
+        "model_path": _code(model.get("path")),
+        "model_revision": _code(model.get("revision")),
+        "architecture": _code(model.get("architecture")),
+        "hidden_size": _cell(model.get("hidden_size")),
+        "num_layers": _cell(model.get("num_layers")),
+        "layers": _cell(layers),
+        "layer_convention": _cell(metadata.get("layer_convention")),
+        "storage_dtype": _code(storage_dtype),
+        "stored_as": _cell(metadata.get("stored_as") or "uint16 bits"),
+        "hidden_columns": ", ".join(f"`{_code(c)}`" for c in hidden_columns) or "n/a",
+        "decode_snippet": decode_snippet(storage_dtype, hidden_columns[0] if hidden_columns else "hidden"),
+        "decode_helper": _code(metadata.get("decode")),
+        "tokenizer_path": _code(tokenizer.get("path")),
+        "chat_template_sha256": _code(tokenizer.get("chat_template_sha256")),
+        "max_length": _cell(metadata.get("max_length")),
+        "samples_in": _cell(counts.get("samples_in")),
+        "samples_written": _cell(counts.get("written")),
+        "samples_rejected": _cell(counts.get("rejected")),
+        "tokens_written": _cell(counts.get("tokens_written")),
+        "data_bytes": human_bytes(metadata.get("bytes")),
+        "backend_name": _cell(backend.get("name")),
+        "format_version": _cell(metadata.get("format_version")),
+        "versions_table": versions_table,
+        "columns": ", ".join(f"`{_code(c)}`" for c in columns) or "n/a",
+        "build_command": build_command,
+        "history_table": _history_table(history, tags, version) if history else "n/a",
+        "force_note": force_note,
+    }
+    body = string.Template(template_text).safe_substitute(values)
+    history_json = json.dumps(history, sort_keys=True).replace("--", "\\u002d\\u002d")
+    return f"{header}\n{body.rstrip()}\n\n<!-- {HISTORY_MARKER} {history_json} -->\n"
