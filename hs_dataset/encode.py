@@ -70,11 +70,20 @@ def bytes_per_token(n_states: int, hidden_size: int, storage_dtype: str = "bfloa
 
 
 def check_finite(result: CaptureResult, columns: list[str]) -> None:
-    """Raise :class:`SampleError` naming the first state (layer) holding NaN or Inf."""
-    finite = torch.isfinite(result.states).flatten(1).all(dim=1)
-    if bool(finite.all()):
-        return
-    bad = int((~finite).nonzero()[0, 0])
+    """Raise :class:`SampleError` naming the first state (layer) holding NaN or Inf.
+
+    Uses the backend's own count when it made one (``result.nonfinite``), else checks here.
+    """
+    if result.nonfinite is not None:
+        bad_states = [j for j, n in enumerate(result.nonfinite) if n]
+        if not bad_states:
+            return
+        bad = bad_states[0]
+    else:
+        finite = torch.isfinite(result.states).flatten(1).all(dim=1)
+        if bool(finite.all()):
+            return
+        bad = int((~finite).nonzero()[0, 0])
     st = result.states[bad]
     nan, inf = int(torch.isnan(st).sum()), int(torch.isinf(st).sum())
     raise SampleError(columns[bad], f"non-finite hidden state: {nan} NaN and {inf} Inf values")

@@ -81,6 +81,9 @@ class CaptureResult:
     sample: TokenizedSample
     layers: tuple[int, ...]
     states: torch.Tensor
+    # Per state, how many positions hold NaN/Inf, when the backend already counted them (the SGLang
+    # plugin does it on the GPU); None: the encode stage checks on the CPU.
+    nonfinite: tuple[int, ...] | None = None
 
     def layer(self, k: int) -> torch.Tensor:
         return self.states[self.layers.index(k)]

@@ -199,20 +199,25 @@ def _capture(fb, final, aux) -> None:
         return
     rows = sum(n for _, _, _, n in todo)
     main = torch.cuda.current_stream()
+    # NaN/Inf per position and state, found on the GPU (a few cheap kernels, no sync), so the
+    # builder need not scan every byte again on the CPU.
+    bad = torch.stack([(~torch.isfinite(st)).any(dim=-1) for st in states])  # [n_states, tokens]
     side = S.side_stream
     side.wait_stream(main)
     buf = torch.empty((len(states), rows, H), dtype=torch.bfloat16, pin_memory=True)
+    flags = torch.empty((len(states), rows), dtype=torch.bool, pin_memory=True)
     with torch.cuda.stream(side):
         r = 0
         for rid, off, start, n in todo:
             for j, st in enumerate(states):
                 buf[j, r:r + n].copy_(st[off:off + n], non_blocking=True)
+            flags[:, r:r + n].copy_(bad[:, off:off + n], non_blocking=True)
             r += n
         done = torch.cuda.Event()
         done.record(side)
-    for st in states:
-        st.record_stream(side)  # keep the GPU memory alive until the copy has run
-    S.writer.put((done, buf, todo))
+    for t in (*states, bad):
+        t.record_stream(side)  # keep the GPU memory alive until the copy has run
+    S.writer.put((done, buf, flags, todo))
 
 
 class _Writer:
@@ -229,13 +234,14 @@ class _Writer:
 
     def _run(self) -> None:
         while True:
-            done, buf, todo = self.q.get()
+            done, buf, flags, todo = self.q.get()
             try:
                 done.synchronize()
                 r = 0
                 for rid, _off, start, n in todo:
+                    nonfinite = ",".join(str(int(x)) for x in flags[:, r:r + n].sum(dim=1).tolist())
                     write_chunk(self.spool, rid, start, [buf[j, r:r + n] for j in range(buf.shape[0])],
-                                {"rid": rid})
+                                {"rid": rid, "nonfinite": nonfinite})
                     r += n
             except BaseException:
                 for rid, _off, _start, _n in todo:

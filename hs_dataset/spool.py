@@ -61,13 +61,15 @@ def write_chunk(spool: str | os.PathLike, rid: str, start: int, parts: list[torc
 class Chunk:
     start: int
     states: torch.Tensor  # bf16 [n_states, length, H]
+    nonfinite: tuple[int, ...] | None  # per state: positions with NaN/Inf, counted by the writer
 
 
 def read_chunk(path: Path) -> Chunk:
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
         states = f.get_tensor("states")
-    return Chunk(int(meta["start"]), states)
+    nf = meta.get("nonfinite")
+    return Chunk(int(meta["start"]), states, tuple(int(x) for x in nf.split(",")) if nf else None)
 
 
 class SpoolTimeout(RuntimeError):
@@ -75,14 +77,16 @@ class SpoolTimeout(RuntimeError):
 
 
 def collect(spool: str | os.PathLike, rid: str, num_tokens: int, *, timeout: float,
-            alive: Callable[[], None] | None = None) -> torch.Tensor:
+            alive: Callable[[], None] | None = None) -> tuple[torch.Tensor, tuple[int, ...] | None]:
     """Wait for and read every chunk of ``rid`` covering positions ``[0, num_tokens)``; delete them.
 
-    Returns bf16 ``[n_states, num_tokens, H]``. ``alive()`` is called while waiting and should
+    Returns bf16 ``[n_states, num_tokens, H]`` and, when the writer counted them, the number of
+    positions holding NaN/Inf per state. ``alive()`` is called while waiting and should
     raise if the engine died. Raises :class:`SpoolTimeout` after ``timeout`` seconds without
     progress, and ``RuntimeError`` with the plugin's reason if it wrote ``<rid>.error``.
     """
     chunks: list[torch.Tensor] = []
+    nonfinite: list[int] | None = []
     pos = 0
     deadline = time.monotonic() + timeout
     sleep = 0.0005
@@ -92,6 +96,10 @@ def collect(spool: str | os.PathLike, rid: str, num_tokens: int, *, timeout: flo
             c = read_chunk(path)
             path.unlink()
             chunks.append(c.states)
+            if c.nonfinite is None or nonfinite is None:
+                nonfinite = None
+            else:
+                nonfinite = [a + b for a, b in zip(c.nonfinite, nonfinite)] if nonfinite else list(c.nonfinite)
             pos += c.states.shape[1]
             deadline = time.monotonic() + timeout
             sleep = 0.0005
@@ -110,7 +118,8 @@ def collect(spool: str | os.PathLike, rid: str, num_tokens: int, *, timeout: flo
         sleep = min(sleep * 2, 0.05)
     if pos != num_tokens:
         raise RuntimeError(f"request {rid}: captured {pos} positions for {num_tokens} tokens")
-    return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)
+    states = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)
+    return states, tuple(nonfinite) if nonfinite is not None else None
 
 
 def request_spans(rids: list[str], extend_lens: list[int], prefix_lens: list[int],

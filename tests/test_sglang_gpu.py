@@ -148,7 +148,7 @@ def test_radix_cache_hit_is_reported_not_silently_dropped(models, tmp_path):
         ids = list(range(5, 300))
         p = {"max_new_tokens": 1, "temperature": 0.0}
         eng.generate(input_ids=ids, sampling_params=p, rid="hsds-radix-0")
-        first = collect(spool, "hsds-radix-0", len(ids), timeout=60)
+        first, _ = collect(spool, "hsds-radix-0", len(ids), timeout=60)
         eng.generate(input_ids=ids, sampling_params=p, rid="hsds-radix-1")
         with pytest.raises(RuntimeError, match="radix cache"):
             collect(spool, "hsds-radix-1", len(ids), timeout=60)
@@ -182,3 +182,38 @@ def test_build_with_sglang_backend_loads_with_load_dataset(models, tmp_path):
     first = next(iter_torch(ds))
     assert first["hidden_layer_1"].dtype == torch.bfloat16
     assert first["hidden_final"].shape == (int(first["input_ids"].shape[0]), 512)
+
+
+def test_nonfinite_states_are_counted_on_the_gpu(models, tmp_path):
+    """A checkpoint whose embedding row for token 7 is NaN: the plugin flags exactly the samples
+    holding that token, per state, and the builder rejects them by name with on_nonfinite=reject."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from hs_dataset.backends.sglang import SGLangBackend
+    from hs_dataset.encode import check_finite, state_columns
+    from hs_dataset.records import SampleError
+
+    bad = tmp_path / "nan-llama"
+    shutil.copytree(models["llama"], bad)
+    (f,) = bad.glob("*.safetensors")
+    sd = load_file(str(f))
+    sd["model.embed_tokens.weight"][7] = float("nan")
+    save_file(sd, str(f), metadata={"format": "pt"})
+    rng = np.random.default_rng(1)
+    clean = [TokenizedSample(f"ok{i}", rng.integers(10, 31000, size=50).astype(np.int32), np.ones(50, np.uint8))
+             for i in range(3)]
+    poisoned = TokenizedSample("poisoned", np.array([9, 10, 7, 11, 12], dtype=np.int32), np.ones(5, np.uint8))
+    be = SGLangBackend(str(bad), (1, 3), max_inflight=8, engine_args=ENGINE_ARGS)
+    try:
+        got = {r.sample.sample_id: r for r in be.capture(clean + [poisoned])}
+    finally:
+        be.close()
+    for i in range(3):
+        assert got[f"ok{i}"].nonfinite == (0, 0, 0)
+    nf = got["poisoned"].nonfinite
+    assert nf is not None and all(n >= 3 for n in nf), nf  # token 7 and every later position
+    with pytest.raises(SampleError) as e:
+        check_finite(got["poisoned"], state_columns((1, 3)))
+    assert e.value.field == "hidden_layer_1" and "NaN" in e.value.reason

@@ -18,8 +18,9 @@ def test_request_spans_split_a_mixed_batch_by_extend_lengths():
 
 def test_chunk_roundtrip_is_bit_exact_and_reads_with_safetensors(tmp_path):
     parts = [torch.randn(7, 16).to(torch.bfloat16) for _ in range(3)]
-    write_chunk(tmp_path, "hsds-x-1", 0, parts, {"rid": "hsds-x-1"})
+    write_chunk(tmp_path, "hsds-x-1", 0, parts, {"rid": "hsds-x-1", "nonfinite": "0,2,0"})
     c = read_chunk(chunk_path(tmp_path, "hsds-x-1", 0))
+    assert c.nonfinite == (0, 2, 0)
     assert c.start == 0 and c.states.shape == (3, 7, 16) and c.states.dtype == torch.bfloat16
     for j in range(3):
         assert torch.equal(c.states[j].view(torch.int16), parts[j].view(torch.int16))
@@ -37,7 +38,8 @@ def test_collect_joins_chunks_in_order_and_deletes_them(tmp_path):
 
     t = threading.Thread(target=writer)
     t.start()
-    got = collect(tmp_path, "r", 10, timeout=5)
+    got, nonfinite = collect(tmp_path, "r", 10, timeout=5)
+    assert nonfinite is None  # these chunks carry no count
     t.join()
     assert torch.equal(got.view(torch.int16), full.view(torch.int16))
     assert list(tmp_path.iterdir()) == []

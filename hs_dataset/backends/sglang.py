@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -32,7 +33,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections import deque
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -71,6 +71,7 @@ class SGLangBackend:
         sglang_url: attach to a running patched server instead of starting one.
         spool_dir: where the plugin writes states (default: a fresh folder in /dev/shm).
         max_inflight: requests outstanding at once (bounds the spool).
+        prefetch: results read from the spool ahead of the consumer (bounds memory).
         chunked_prefill_size: passed to SGLang (None: SGLang's default).
         request_timeout: seconds without progress before the build stops with an error.
         engine_args: more ``sglang.Engine`` arguments (e.g. attention_backend, mem_fraction_static).
@@ -80,11 +81,12 @@ class SGLangBackend:
 
     def __init__(self, model: str, layers: Iterable[int], *, revision: str | None = None, tp_size: int = 1,
                  sglang_url: str | None = None, spool_dir: str | None = None, max_inflight: int = 32,
-                 chunked_prefill_size: int | None = None, request_timeout: float = 600.0,
+                 chunked_prefill_size: int | None = None, request_timeout: float = 600.0, prefetch: int = 4,
                  engine_args: dict[str, Any] | None = None):
         self.info: ModelInfo = read_model_info(model, revision)
         self.layers = check_layers(layers, self.info)
         self.max_inflight = int(max_inflight)
+        self.prefetch = max(1, int(prefetch))
         self.request_timeout = float(request_timeout)
         self.url = sglang_url.rstrip("/") if sglang_url else None
         self._own_spool = spool_dir is None
@@ -202,52 +204,88 @@ class SGLangBackend:
                                        "the engine hangs. Rerun the same command to resume.") from None
 
     def capture(self, samples: Iterable[TokenizedSample]) -> Iterator[BackendItem]:
+        """Submit samples (at most ``max_inflight`` outstanding) and yield results in input order.
+
+        A reader thread waits for each request and reads its spool files while this generator's
+        consumer (the builder) encodes and writes the previous rows: reading (memcpy from
+        /dev/shm), writing shards and the GPU's prefill all overlap.
+        """
         it = iter(samples)
-        pending: deque[tuple[TokenizedSample, str, cf.Future]] = deque()
+        submitted: queue.Queue = queue.Queue()
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        reader = threading.Thread(target=self._read_loop, args=(submitted, ready, stop),
+                                  name="hs_dataset-spool-reader", daemon=True)
+        reader.start()
+        inflight = 0
         exhausted = False
         try:
             while True:
-                while not exhausted and len(pending) < self.max_inflight:
+                while not exhausted and inflight < self.max_inflight:
                     s = next(it, None)
                     if s is None:
                         exhausted = True
                         break
                     rid = f"{self.rid_prefix}{self._seq}"
                     self._seq += 1
-                    pending.append((s, rid, self._submit(rid, s.input_ids.tolist())))
-                if not pending:
+                    submitted.put((s, rid, self._submit(rid, s.input_ids.tolist())))
+                    inflight += 1
+                if inflight == 0:
                     return
-                s, rid, fut = pending.popleft()
-                try:
-                    out = self._wait(fut)
-                except BackendError:
-                    raise
-                except urllib.error.HTTPError as e:
-                    yield Reject(s.sample_id, "input_ids", f"SGLang refused the request: {e.read()[:500]!r}", "capture")
-                    continue
-                except (ValueError, RuntimeError) as e:  # request-level errors (e.g. too long for the context)
-                    self._alive()
-                    yield Reject(s.sample_id, "input_ids", f"SGLang refused the request: {e}", "capture")
-                    continue
-                except Exception as e:
-                    raise BackendError(f"SGLang request failed: {type(e).__name__}: {e}") from e
-                out = out[0] if isinstance(out, list) else out
-                finish = (out.get("meta_info") or {}).get("finish_reason") or {}
-                if isinstance(finish, dict) and finish.get("type") == "abort":
-                    yield Reject(s.sample_id, "input_ids", f"SGLang aborted the request: {finish.get('message')}",
-                                 "capture")
-                    continue
-                try:
-                    states = collect(self.spool, rid, s.num_tokens, timeout=self.request_timeout, alive=self._alive)
-                except SpoolTimeout as e:
-                    raise BackendError(str(e)) from None
-                except RuntimeError as e:
-                    yield Reject(s.sample_id, "input_ids", str(e), "capture")
-                    continue
-                yield CaptureResult(sample=s, layers=self.layers, states=states)
+                item = ready.get()
+                inflight -= 1
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
         finally:
-            for _s, _rid, fut in pending:
-                fut.cancel()
+            stop.set()
+            submitted.put(None)
+            while reader.is_alive():  # unblock a reader waiting to put a result
+                try:
+                    ready.get(timeout=0.1)
+                except queue.Empty:
+                    pass
+
+    def _read_loop(self, submitted: queue.Queue, ready: queue.Queue, stop: threading.Event) -> None:
+        while True:
+            job = submitted.get()
+            if job is None or stop.is_set():
+                while job is not None:  # cancel what was submitted but will not be read
+                    job[2].cancel()
+                    job = submitted.get()
+                return
+            try:
+                item: BackendItem | BaseException = self._finish(*job)
+            except BaseException as e:  # handed to the consumer, which raises it
+                item = e
+            ready.put(item)
+            if isinstance(item, BaseException):
+                return
+
+    def _finish(self, s: TokenizedSample, rid: str, fut: cf.Future) -> BackendItem:
+        """Wait for one request and read its states from the spool (or say why it is rejected)."""
+        try:
+            out = self._wait(fut)
+        except BackendError:
+            raise
+        except urllib.error.HTTPError as e:
+            return Reject(s.sample_id, "input_ids", f"SGLang refused the request: {e.read()[:500]!r}", "capture")
+        except (ValueError, RuntimeError) as e:  # request-level errors (e.g. too long for the context)
+            self._alive()
+            return Reject(s.sample_id, "input_ids", f"SGLang refused the request: {e}", "capture")
+        except Exception as e:
+            raise BackendError(f"SGLang request failed: {type(e).__name__}: {e}") from e
+        out = out[0] if isinstance(out, list) else out
+        finish = (out.get("meta_info") or {}).get("finish_reason") or {}
+        if isinstance(finish, dict) and finish.get("type") == "abort":
+            return Reject(s.sample_id, "input_ids", f"SGLang aborted the request: {finish.get('message')}", "capture")
+        try:
+            states, nonfinite = collect(self.spool, rid, s.num_tokens, timeout=self.request_timeout, alive=self._alive)
+        except SpoolTimeout as e:
+            raise BackendError(str(e)) from None
+        except RuntimeError as e:
+            return Reject(s.sample_id, "input_ids", str(e), "capture")
+        return CaptureResult(sample=s, layers=self.layers, states=states, nonfinite=nonfinite)
 
     def close(self) -> None:
         """Stop the engine (in-process) and remove the spool files of this run."""
