@@ -60,7 +60,8 @@ EXCLUDED_DIRS = (".hs_build", ".git", ".cache")
 KEEP_REMOTE = (".gitattributes",)  # repository files a version never deletes
 REGULAR_MAX_SIZE = 10 * 1024 * 1024  # the Hub stores anything >= 10 MiB with LFS
 _TOKEN_LIKE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
-_SECRET_ARG = re.compile(r"(?i)((?:--)?(?:hf[_-])?token[= ]|HF_TOKEN=|HUGGING_FACE_HUB_TOKEN=)(\S+)")
+_SECRET_ARG = re.compile(r"(?i)((?<![\w-])(?:--)?(?:hf[_-])?token[= ]|HF_TOKEN=|HUGGING_FACE_HUB_TOKEN=)(\S+)")
+MAX_FILES_PER_FOLDER = 10_000  # Hub limit
 
 
 class PublishError(RuntimeError):
@@ -215,6 +216,17 @@ def _local_files(root: Path) -> dict[str, _LocalFile]:
     return files
 
 
+def _check_folder_sizes(files: Iterable[str]) -> None:
+    per_folder: dict[str, int] = {}
+    for rel in files:
+        folder = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        per_folder[folder] = per_folder.get(folder, 0) + 1
+    crowded = {f or "/": n for f, n in per_folder.items() if n > MAX_FILES_PER_FOLDER}
+    if crowded:
+        raise PublishError(f"the Hub allows at most {MAX_FILES_PER_FOLDER} files per folder; this build has {crowded}: "
+                           "rebuild with larger shards")
+
+
 def _check_no_secret(files: Iterable[_LocalFile], token: str | None) -> None:
     if not token:
         return
@@ -296,6 +308,7 @@ def push_dataset(
     work = f"{WORK_BRANCH_PREFIX}{version}"
 
     local = _local_files(root)
+    _check_folder_sizes(local)
     _check_no_secret([*local.values()], secret)
 
     api.create_repo(repo_id, repo_type=REPO_TYPE, private=private, exist_ok=True)

@@ -166,6 +166,12 @@ def test_tags_branches_and_downloads_by_revision(hub, api, tmp_path):
     with pytest.raises(RevisionNotFoundError):
         hf_hub_download(REPO, "x.txt", repo_type="dataset", revision="v9")
 
+    snap = api.snapshot_download(REPO, repo_type="dataset", revision="v1.0", local_dir=str(tmp_path / "snap"))
+    assert sorted(p.name for p in (tmp_path / "snap").iterdir() if p.is_file()) == [".gitattributes", "x.txt"]
+    assert (tmp_path / "snap" / "x.txt").read_bytes() == b"one\n" and snap == str(tmp_path / "snap")
+    assert api.file_exists(REPO, "x.txt", repo_type="dataset", revision="hs-dataset/v1.1")
+    assert not api.file_exists(REPO, "y.txt", repo_type="dataset", revision="hs-dataset/v1.1")
+
     refs = api.list_repo_refs(REPO, repo_type="dataset")
     assert {b.name for b in refs.branches} == {"main", "hs-dataset/v1.1"}
     assert [(t.name, t.ref, t.target_commit) for t in refs.tags] == [("v1.0", "refs/tags/v1.0", v1)]
