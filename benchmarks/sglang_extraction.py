@@ -128,6 +128,7 @@ def main() -> None:
     be = SGLangBackend(str(model), layers, max_inflight=64, engine_args=ENGINE_ARGS)
     samples = [TokenizedSample(f"b{i}", np.asarray(x, dtype=np.int32), np.ones(a.tokens, np.uint8))
                for i, x in enumerate(ids)]
+    res["engine_processes_watched"] = len(be._children)
     list(be.capture(samples[:8]))  # warm-up
     t = time.time()
     nbytes = 0

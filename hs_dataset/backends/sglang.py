@@ -49,6 +49,24 @@ def _default_spool_parent() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
+def _engine_processes() -> list:
+    """SGLang's long-lived children (scheduler / TP workers, detokenizer): they name themselves
+    ``sglang::...``. Short-lived helpers (kernel compilers, resource trackers) are left out: their
+    normal exit is no engine death."""
+    try:
+        import psutil
+    except ImportError:  # no liveness check; request timeouts still bound a hang
+        return []
+    procs = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "sglang::" in " ".join(p.cmdline()) or p.name().startswith("sglang"):
+                procs.append(p)
+        except psutil.Error:
+            continue
+    return procs
+
+
 def check_sglang_version() -> str:
     """Return the installed SGLang version; raise a clear error when it has no plugin framework."""
     try:
@@ -133,12 +151,7 @@ class SGLangBackend:
             raise BackendError("disable_radix_cache=False: a radix-cache prefix hit skips computing those positions, "
                                "so their hidden states would not exist; leave the cache disabled")
         self.engine = sgl.Engine(**args)
-        try:
-            import psutil
-
-            self._children = psutil.Process().children(recursive=True)
-        except ImportError:
-            self._children = []
+        self._children = _engine_processes()
         loop: asyncio.AbstractEventLoop = self.engine.loop
         self._loop_thread = threading.Thread(target=loop.run_forever, name="hs_dataset-sglang-loop", daemon=True)
         self._loop_thread.start()
