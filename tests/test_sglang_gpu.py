@@ -90,12 +90,23 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 @pytest.mark.parametrize("chunk", [None, 64], ids=["no-chunking", "chunked-64"])
 @pytest.mark.parametrize("arch", ["llama", "dsv3"])
 def test_parity_with_transformers_backend(models, arch, chunk):
+    check_parity(models, arch, chunk, tp=1)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 needs 2 GPUs (device kind nvidia-h200-x2)")
+def test_parity_at_tp2(models):
+    """After TP's all-reduce the states are replicated; only TP rank 0 writes them."""
+    check_parity(models, "llama", None, tp=2)
+
+
+def check_parity(models, arch, chunk, tp):
     from hs_dataset.backends.sglang import SGLangBackend
 
     samples = mixed_samples()
     layers = LAYERS[arch]
     t = time.time()
-    be = SGLangBackend(models[arch], layers, chunked_prefill_size=chunk, max_inflight=64, engine_args=ENGINE_ARGS)
+    be = SGLangBackend(models[arch], layers, chunked_prefill_size=chunk, max_inflight=64, tp_size=tp,
+                       engine_args=ENGINE_ARGS)
     start_s = time.time() - t
     try:
         t = time.time()
@@ -122,7 +133,7 @@ def test_parity_with_transformers_backend(models, arch, chunk):
             neighbours = [n for n in (k - 1, k + 1) if n in all_layers]
             stats[name]["neighbour_rel_err"] = min(
                 compare(g, torch.cat([x.layer(n) for x in ref]))["rel_err"] for n in neighbours)
-    _report[f"{arch}/{'chunk' + str(chunk) if chunk else 'nochunk'}"] = {
+    _report[f"{arch}/{'chunk' + str(chunk) if chunk else 'nochunk'}/tp{tp}"] = {
         "samples": len(samples), "tokens": int(sum(s.num_tokens for s in samples)),
         "engine_start_s": round(start_s, 1), "capture_s": round(capture_s, 2), "states": stats}
     _dump()
