@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import threading
 
-import httpx2
 import pytest
+
+httpx2 = pytest.importorskip("httpx2", reason="huggingface_hub >= 2 (httpx2) needed for the Hub tests")
 from huggingface_hub import (
     CommitOperationAdd,
     CommitOperationCopy,
