@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 TEMPLATE_ENV = "HS_DATASET_CARD_TEMPLATE"
-DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "cards" / "dataset_card.md"
+# cards/dataset_card.md in a checkout; the same file (a symlink, copied into wheels) when installed.
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "dataset_card.md"
 HISTORY_MARKER = "hs_dataset:publish_history"
 _HISTORY_RE = re.compile(r"<!--\s*" + re.escape(HISTORY_MARKER) + r"\s*(.*?)\s*-->", re.S)
 _YAML_HEADER_RE = re.compile(r"\A---[ \t]*\r?\n(.*?\r?\n)?---[ \t]*(?:\r?\n|\Z)", re.S)
