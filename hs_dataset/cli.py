@@ -4,6 +4,8 @@
     hs-dataset inspect demo_out
     hs-dataset push demo_out org/name --version v1.0
     hs-dataset versions org/name
+    hs-dataset export demo_out --to specforge specforge_out
+    hs-dataset import specforge_out --from specforge demo_back [--model DIR] [--layers 1,29,57]
 """
 
 from __future__ import annotations
@@ -118,6 +120,49 @@ def cmd_versions(a: argparse.Namespace) -> int:
     return 0
 
 
+def _layers_arg(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    v = parse_value(text)
+    items = v if isinstance(v, list) else [x for x in str(v).replace(",", " ").split() if x]
+    try:
+        return tuple(int(x) for x in items)
+    except (TypeError, ValueError):
+        raise SystemExit(f"--layers {text!r}: expected layer ids, e.g. 1,29,57 or [1,29,57]") from None
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from .interop import InteropError, export_specforge
+
+    try:
+        s = export_specforge(a.dir, a.out, group_size=a.group_size)
+    except InteropError as e:
+        raise SystemExit(f"hs-dataset export: {e}") from None
+    print(f"exported {s.samples} samples to {s.output_dir} ({a.to} layout): {s.files} files, "
+          f"{s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s")
+    return 0
+
+
+def cmd_import(a: argparse.Namespace) -> int:
+    from .interop import InteropError, import_dataset
+
+    opts = [("--model", a.model), ("--layers", a.layers), ("--storage-dtype", a.storage_dtype),
+            ("--file-format", a.file_format)]
+    command = " ".join(["hs-dataset", "import", shlex.quote(a.src), "--from", a.from_, shlex.quote(a.out)]
+                       + [f"{k} {shlex.quote(v)}" for k, v in opts if v is not None])
+    try:
+        s = import_dataset(a.src, a.from_, a.out, model=a.model, layers=_layers_arg(a.layers),
+                           storage_dtype=a.storage_dtype, file_format=a.file_format, progress=not a.no_progress,
+                           build_command=command)
+    except InteropError as e:
+        raise SystemExit(f"hs-dataset import: {e}") from None
+    print(f"imported {s.written} samples from {a.src} ({a.from_}) into {s.output_dir}: {s.rejected} rejected "
+          f"(of {s.samples}), {s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s")
+    if s.rejected:
+        print(f"rejected samples and reasons: {Path(a.out) / 'rejects.jsonl'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hs-dataset", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -142,6 +187,27 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("versions", help="list the versions of a dataset repo with their counts")
     v.add_argument("repo_id")
     v.set_defaults(fn=cmd_versions)
+    e = sub.add_parser("export", help="write a built dataset in another tool's offline layout (SpecForge)")
+    e.add_argument("dir", help="a finished build directory")
+    e.add_argument("--to", required=True, choices=("specforge",), help="target layout")
+    e.add_argument("out", help="new output directory")
+    e.add_argument("--group-size", type=int, default=2000,
+                   help="samples per rows_<a>-<b> folder (SpecForge's --file-group-size, default 2000)")
+    e.set_defaults(fn=cmd_export)
+    m = sub.add_parser("import", help="make a build directory from SpecForge or vLLM speculators hidden states")
+    m.add_argument("src", help="SpecForge output dir (rows_*/data_*.ckpt), or speculators' preprocessed-data dir "
+                               "(with hidden_states/hs_*.safetensors) or sample-file dir (*.pt)")
+    m.add_argument("--from", dest="from_", required=True, choices=("specforge", "speculators"))
+    m.add_argument("out", help="output build directory (resumable)")
+    m.add_argument("--model", help="the target model's directory (config.json + tokenizer); default: the one "
+                                   "recorded by hs-dataset export")
+    m.add_argument("--layers", help="captured layers in hs_dataset's convention (output of decoder layer k), e.g. "
+                                    "1,29,57; default: recorded by hs-dataset export, else [1, L/2-1, L-4] "
+                                    "(SpecForge's and speculators' default)")
+    m.add_argument("--storage-dtype", default="bfloat16", choices=("bfloat16", "fp8_e4m3"))
+    m.add_argument("--file-format", default="arrow", choices=("arrow", "parquet"))
+    m.add_argument("--no-progress", action="store_true")
+    m.set_defaults(fn=cmd_import)
     a = ap.parse_args(argv)
     return a.fn(a)
 
