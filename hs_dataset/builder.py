@@ -116,9 +116,9 @@ def row_table(row: dict[str, Any], schema: pa.Schema) -> pa.Table:
     Kimi scale (117 MB per sample) costs as much as writing the bytes to disk.
     """
     arrays = []
-    for field in schema:
-        v = row[field.name]
-        t = field.type
+    for col in schema:
+        v = row[col.name]
+        t = col.type
         if isinstance(t, pa.ExtensionType):  # Array2D(shape=(None, H)): list<list<bits>>
             n, h = v.shape
             inner = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * h, h, dtype=np.int32)),
