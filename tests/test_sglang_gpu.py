@@ -38,7 +38,8 @@ pytestmark = [
 ]
 
 ENGINE_ARGS = dict(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
-                   disable_cuda_graph=True, mem_fraction_static=0.3)
+                   disable_cuda_graph=True, mem_fraction_static=0.3,
+                   log_level=os.environ.get("HS_TEST_SGLANG_LOG_LEVEL", "warning"))
 LAYERS = {"llama": (1, 3, 6), "dsv3": (0, 1, 2)}
 REPORT = Path(os.environ.get("OUT", "/tmp")) / "gpu_parity.json"
 _report: dict = {}
