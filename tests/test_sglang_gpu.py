@@ -156,7 +156,7 @@ def test_radix_cache_hit_is_reported_not_silently_dropped(models, tmp_path):
     spool.mkdir()
     os.environ[ENV] = json.dumps({"layers": [1, 3], "spool": str(spool)})
     try:
-        eng = sgl.Engine(model_path=models["llama"], skip_tokenizer_init=True, log_level="warning", **ENGINE_ARGS)
+        eng = sgl.Engine(model_path=models["llama"], skip_tokenizer_init=True, **ENGINE_ARGS)
         ids = list(range(5, 300))
         p = {"max_new_tokens": 1, "temperature": 0.0}
         eng.generate(input_ids=ids, sampling_params=p, rid="hsds-radix-0")
