@@ -21,7 +21,9 @@ not be written to; :class:`DrafterCollator` copies them once into the padded bat
 from __future__ import annotations
 
 import os
+import queue
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -126,12 +128,68 @@ def open_dataset(path: str | os.PathLike):
     raise FileNotFoundError(f"{root} holds no data/train-*.arrow or data/train-*.parquet shards")
 
 
-def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Iterate a ``Dataset`` or a streaming ``IterableDataset`` as dicts of torch tensors (see decode_row)."""
+def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
+               prefetch: int = 1) -> Iterator[dict[str, Any]]:
+    """Iterate a ``Dataset`` or a streaming ``IterableDataset`` as dicts of torch tensors (see decode_row).
+
+    ``batch_size`` rows are read as one Arrow batch; ``prefetch`` batches are read ahead on a
+    background thread while the caller works on the current one (0: no thread). For a streaming
+    dataset that overlaps the disk or network read with the caller's copy into training batches
+    (measured 1.7x on 2 cores); a memory-mapped one costs nothing to read ahead. Memory: up to
+    ``prefetch`` more Arrow batches of ``batch_size`` rows (117 MB per 2048-token Kimi row).
+    """
     cols = list(columns) if columns is not None else None
-    for table in ds.with_format("arrow").iter(batch_size=batch_size):
+    tables = ds.with_format("arrow").iter(batch_size=batch_size)
+    if prefetch > 0:
+        tables = _read_ahead(tables, prefetch)
+    for table in tables:
         for i in range(table.num_rows):
             yield decode_row(table, i, cols)
+
+
+_END = object()
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _read_ahead(items: Iterable[Any], depth: int) -> Iterator[Any]:
+    """Yield ``items``, produced up to ``depth`` ahead on a daemon thread; errors re-raise here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as e:  # handed to the consumer, raised there
+            put(_Failed(e))
+
+    thread = threading.Thread(target=produce, name="hs_dataset-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()  # the consumer stopped (or failed): let the producer finish its current item and exit
 
 
 _MADV_HUGEPAGE = 14
