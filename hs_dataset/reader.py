@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import torch
 
@@ -231,6 +232,19 @@ def empty_batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tens
     return t
 
 
+def _copy_bf16(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[...] = src`` for CPU bf16 tensors, as one numpy copy.
+
+    torch's copy of a [T, H] slab into a strided batch slice runs on its intra-op threads, which
+    on a 2-vCPU machine is 3x slower than a single memcpy-speed loop (measured 4.6-6.6 vs 18 GB/s
+    for a 235 MB Kimi batch); numpy copies 2-byte elements with a plain strided memcpy loop.
+    """
+    if dst.dtype == src.dtype == torch.bfloat16 and dst.device.type == src.device.type == "cpu":
+        np.copyto(dst.view(torch.int16).numpy(), src.view(torch.int16).numpy())
+    else:
+        dst.copy_(src)
+
+
 def _unreferenced(t: torch.Tensor, python_refs: int) -> bool:
     """True when nothing but the caller holds ``t``: no other Python reference, no view, no numpy
     array on its memory, and its storage was never moved to shared memory (DataLoader workers)."""
@@ -293,9 +307,9 @@ class DrafterCollator:
             batch["input_ids"][b, :n] = s["input_ids"][:n]
             batch["attention_mask"][b, :n] = 1
             batch["loss_mask"][b, :n] = s["loss_mask"][:n]
-            batch["hidden_states"][b, :n] = s[FINAL_COLUMN][:n]
+            _copy_bf16(batch["hidden_states"][b, :n], s[FINAL_COLUMN][:n])
             for j, c in enumerate(layer_cols):
-                batch["aux_hidden_states"][b, :n, j * H:(j + 1) * H] = s[c][:n]
+                _copy_bf16(batch["aux_hidden_states"][b, :n, j * H:(j + 1) * H], s[c][:n])
             if n < T:
                 batch["hidden_states"][b, n:] = 0
                 batch["aux_hidden_states"][b, n:] = 0
