@@ -10,17 +10,34 @@ Output layout::
 
 A *part* is a fixed range of ``part_size`` source rows. Each part is built by
 ``HiddenStatesBuilder.download_and_prepare`` into a staging folder; its finished shards are then
-moved into ``data/`` and only after that is the part's record written (atomically). A build
-killed at any moment and run again deletes the shards of unrecorded parts, redoes only those
-parts, and ends with the same rows as an uninterrupted build.
+moved into ``data/`` and only after that is the part's record written (atomically): the record
+is the commit point. A build killed at any moment (SIGKILL included) and run again with the
+same command ends with the same rows as an uninterrupted build:
+
+* on start it checks every part record: each listed shard must exist with its recorded size,
+  else the part is redone; shards in ``data/`` that no valid record lists (a part killed between
+  its moves and its record) are deleted; staging folders (with datasets' ``.incomplete`` dirs)
+  and ``.tmp`` files of killed atomic writes are removed;
+* ``hs_dataset.json`` is written last by the final step, so it exists only for a finished build;
+  a build that is about to change ``data/`` removes it (and README.md / rejects.jsonl) first, so
+  a half-built directory is never mistaken for a finished one (``hs-dataset push`` refuses it);
+* one build at a time per output directory (a lock in ``.hs_build/lock``, released by the kernel
+  when the process dies);
+* a full disk or an unwritable output raises :class:`OutputWriteError` naming the path and what to
+  do; backend and source errors are raised as themselves (not wrapped by ``datasets``); in every
+  case the unfinished part is discarded and a rerun resumes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import glob
 import json
+import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -44,8 +61,34 @@ REJECTS_FILE = "rejects.jsonl"
 FORMAT_VERSION = 1
 
 
+logger = logging.getLogger(__name__)
+
+SHARD_RE = re.compile(r"^train-(\d{5})-(\d{3})\.(arrow|parquet)$")
+TMP_RE = re.compile(r"^\..+\.tmp-\d+$")
+
+
 class ConfigMismatchError(RuntimeError):
     """The output directory holds a build made with a different configuration."""
+
+
+class BuildLockedError(RuntimeError):
+    """Another build is writing the same output directory."""
+
+
+class OutputWriteError(OSError):
+    """The output could not be written: disk full, over quota, read-only, not a directory...
+
+    ``errno`` is the underlying error number; the message names the path and what to do.
+    Nothing half-written is kept; rerunning the same command resumes.
+    """
+
+    def __init__(self, code: int, message: str, path: str | None = None):
+        super().__init__(code, message)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass
@@ -59,13 +102,25 @@ class BuildSummary:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write a file so that readers see the old or the new content, never a part."""
+    """Write a file so that readers see the old or the new content, never a part.
+
+    The text goes to ``.<name>.tmp-<pid>`` (removed if writing fails; a killed writer's leftover
+    is removed by the next build), is fsynced, then renamed over ``path``; the folder is fsynced.
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -76,12 +131,150 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
 def _part_record(state: Path, i: int) -> Path:
     return state / "parts" / f"part-{i:05d}.json"
 
 
 def _part_files(out: Path, i: int, ext: str) -> list[Path]:
     return sorted((out / "data").glob(f"train-{i:05d}-*.{ext}"))
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    """A part record, or None when it is unreadable (it is then redone)."""
+    try:
+        r = json.loads(path.read_text(encoding="utf-8"))
+        if not (isinstance(r, dict) and path.name == f"part-{int(r['part']):05d}.json"
+                and isinstance(r["files"], list) and isinstance(r["counts"], dict)):
+            return None
+        for f in r["files"]:
+            if not (isinstance(f, dict) and SHARD_RE.match(str(f["name"])) and int(f["bytes"]) >= 0):
+                return None
+        return r
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _invalid(r: dict[str, Any] | None, parts: list[tuple[int, int, int]], data: Path) -> str | None:
+    """Why a part record cannot be trusted (None: it can)."""
+    if r is None:
+        return "its record is unreadable"
+    if (r["start"], r["stop"]) != parts[r["part"]][1:]:
+        return "its row range changed"
+    for f in r["files"]:
+        p = data / f["name"]
+        if not p.is_file():
+            return f"its shard {p} is missing"
+        if p.stat().st_size != int(f["bytes"]):
+            return f"its shard {p} has {p.stat().st_size} bytes, the record says {f['bytes']}"
+    return None
+
+
+def _recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[int]:
+    """Bring the output directory back to a consistent state after any interruption.
+
+    Returns the parts whose record is valid: the record reads, its row range matches the current
+    plan, and every shard it lists is in ``data/`` with the recorded size. Every other record is
+    removed (its part is redone), and so is every shard in ``data/`` that no valid record lists.
+    Staging folders and the ``.tmp`` files of interrupted atomic writes are removed.
+    """
+    shutil.rmtree(state / "staging", ignore_errors=True)
+    for folder in (out, state, state / "parts"):
+        for f in folder.iterdir():
+            if TMP_RE.match(f.name) and f.is_file():
+                f.unlink()
+    data = out / "data"
+    done: set[int] = set()
+    keep: set[str] = set()
+    for rec in sorted((state / "parts").glob("part-*.json")):
+        r = _read_record(rec)
+        if r is not None and r["part"] >= len(parts):
+            rec.unlink()  # beyond the end of the source (max_samples shrank): dropped; its shards go below
+            continue
+        why = _invalid(r, parts, data)
+        if why is not None:
+            logger.warning("hs_dataset: redoing %s: %s", rec.stem, why)
+            rec.unlink()
+            continue
+        done.add(r["part"])
+        keep.update(f["name"] for f in r["files"])
+    for f in sorted(data.iterdir()):
+        if SHARD_RE.match(f.name) and f.name not in keep:
+            f.unlink()  # a part killed between moving its shards and writing its record
+    _fsync_dir(data)
+    return done
+
+
+def _lock(out: Path, state: Path) -> int:
+    """Hold ``.hs_build/lock`` for the whole build (the kernel releases it when the process dies)."""
+    fd = os.open(state / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise BuildLockedError(
+            f"another hs-dataset build (pid {other}) is writing {out}: wait for it to end or stop it. Two "
+            "builds must never share an output directory.") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _invalidate_finished(out: Path, state: Path) -> None:
+    """Before ``data/`` changes, remove the files that mark a finished build (hs_dataset.json first).
+
+    The old metadata is kept in ``.hs_build/meta.json`` (its build command and versions are reused).
+    """
+    meta = out / META_FILE
+    if meta.exists():
+        atomic_write(state / META_FILE, meta.read_text(encoding="utf-8"))
+    for name in (META_FILE, "README.md", REJECTS_FILE):
+        (out / name).unlink(missing_ok=True)
+    _fsync_dir(out)
+
+
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_NO_WRITE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EISDIR}
+_ERRNO_TEXT = {"no space left": errno.ENOSPC, "file too large": errno.EFBIG, "disk quota": errno.EDQUOT,
+               "read-only file system": errno.EROFS, "permission denied": errno.EACCES}
+
+
+def _output_error(e: OSError, out: Path) -> OutputWriteError | None:
+    """An :class:`OutputWriteError` for a write failure under ``out`` (None: not an output problem)."""
+    if isinstance(e, OutputWriteError):
+        return e
+    code = e.errno
+    if code is None:  # pyarrow's IO errors carry the errno only in their text
+        text = str(e).lower()
+        m = re.search(r"errno[ =:]*(\d+)", text)
+        code = int(m.group(1)) if m else next((c for t, c in _ERRNO_TEXT.items() if t in text), None)
+    if code not in _NO_SPACE | _NO_WRITE:
+        return None
+    out_abs = out.absolute()
+    path = os.fsdecode(e.filename) if e.filename is not None else None
+    if path is not None:
+        p = Path(path).absolute()
+        if not (p == out_abs or out_abs in p.parents or p in out_abs.parents):
+            return None  # e.g. the model or the source cannot be read: not about the output
+    where = path or str(out)
+    if path is None:
+        where += f" ({str(e).strip()[:300]})"
+    if code in _NO_SPACE:
+        msg = (f"cannot write {where}: {os.strerror(code)}. The disk of the output directory {out_abs} is full "
+               "(or over quota, or over the file size limit). Free space there or pass another --output on a "
+               "larger disk, then run the same command again: finished parts are kept and the build resumes "
+               "(the unfinished part was discarded; nothing half-written is kept).")
+    else:
+        blocker = next((a for a in [out_abs, *out_abs.parents] if a.exists() and not a.is_dir()), None)
+        reason = (f"{blocker} is a file, not a directory" if blocker is not None else os.strerror(code))
+        msg = (f"cannot write {where}: {reason}. Make {out_abs} a writable directory or pass another "
+               "--output, then run the same command again to resume.")
+    return OutputWriteError(code, msg, path or str(out))
 
 
 def _check_resume(state: Path, key: dict[str, Any]) -> None:
@@ -126,81 +319,128 @@ class _Progress:
 
 def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend: CaptureBackend | None = None,
           progress: bool = True, build_command: str | None = None) -> BuildSummary:
-    """Build (or resume building) the dataset of ``config`` into ``output_dir``."""
-    t0 = time.time()
+    """Build (or resume building) the dataset of ``config`` into ``output_dir``.
+
+    Raises :class:`ConfigMismatchError` (the directory holds another configuration's build),
+    :class:`BuildLockedError` (another build is writing it), :class:`OutputWriteError` (disk full,
+    unwritable output), :class:`~hs_dataset.backends.BackendError` (the backend died or hangs;
+    :class:`~hs_dataset.builder.NonFiniteError` for NaN/Inf with ``on_nonfinite="fail"``). After
+    any of them, or a kill, running the same build again resumes it.
+    """
     out = Path(output_dir)
+    try:
+        return _build(config, out, backend, progress, build_command)
+    except OSError as e:
+        err = _output_error(e, out)
+        if err is None or err is e:
+            raise
+        raise err from e
+
+
+def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None, progress: bool,
+           build_command: str | None) -> BuildSummary:
+    t0 = time.time()
     state = out / STATE_DIR
     (state / "parts").mkdir(parents=True, exist_ok=True)
     (out / "data").mkdir(exist_ok=True)
-    info = backend.info if backend is not None else read_model_info(config.model, config.model_revision)
-    layers = check_layers(config.layers, info)
-    key = dict(config.content_key(), source_fingerprint=source_fingerprint(config.source),
-               hidden_size=info.hidden_size, num_layers=info.num_layers)
-    _check_resume(state, key)
-
-    n = count_rows(config.source)
-    if config.max_samples is not None:
-        n = min(n, config.max_samples)
-    ext = config.file_format
-    parts = [(i, s, min(s + config.part_size, n)) for i, s in enumerate(range(0, n, config.part_size))]
-    # Parts recorded by an earlier, smaller build whose range changed, or beyond the end, are redone / dropped.
-    for rec in sorted((state / "parts").glob("part-*.json")):
-        r = json.loads(rec.read_text())
-        if r["part"] >= len(parts) or (r["start"], r["stop"]) != parts[r["part"]][1:]:
-            for f in _part_files(out, r["part"], ext):
-                f.unlink()
-            rec.unlink()
-
-    done = {i for i, _, _ in parts if _part_record(state, i).exists()}
-    bar = _Progress(n, sum(p[2] - p[1] for p in parts if p[0] in done), progress)
-    own_backend = False
-    built = 0
-    datasets.disable_progress_bars()
+    lock = _lock(out, state)
     try:
-        for i, start, stop in parts:
-            if i in done:
-                continue
-            if backend is None:
-                backend = make_backend(config.backend, config.model, layers, revision=config.model_revision,
-                                       options=config.backend_options)
-                own_backend = True
-            _build_part(config, out, state, i, start, stop, backend, bar)
-            built += 1
+        info = backend.info if backend is not None else read_model_info(config.model, config.model_revision)
+        layers = check_layers(config.layers, info)
+        key = dict(config.content_key(), source_fingerprint=source_fingerprint(config.source),
+                   hidden_size=info.hidden_size, num_layers=info.num_layers)
+        _check_resume(state, key)
+
+        n = count_rows(config.source)
+        if config.max_samples is not None:
+            n = min(n, config.max_samples)
+        ext = config.file_format
+        parts = [(i, s, min(s + config.part_size, n)) for i, s in enumerate(range(0, n, config.part_size))]
+        done = _recover(out, state, parts)
+        todo = [p for p in parts if p[0] not in done]
+        bar = _Progress(n, sum(p[2] - p[1] for p in parts if p[0] in done), progress)
+        own_backend = False
+        built = 0
+        datasets.disable_progress_bars()
+        try:
+            for i, start, stop in todo:
+                if backend is None:
+                    backend = make_backend(config.backend, config.model, layers, revision=config.model_revision,
+                                           options=config.backend_options)
+                    own_backend = True
+                if not built:
+                    _invalidate_finished(out, state)  # data/ is about to change
+                _build_part(config, out, state, i, start, stop, backend, bar)
+                built += 1
+        finally:
+            bar.close()
+            if own_backend and backend is not None:
+                backend.close()
+        counts = _finalize(config, out, state, parts, info, layers, backend if built else None, build_command)
+        shutil.rmtree(state / "staging", ignore_errors=True)
+        shutil.rmtree(state / "cache", ignore_errors=True)  # datasets' per-part lock files
+        nbytes = sum(f.stat().st_size for f in (out / "data").glob(f"*.{ext}"))
+        return BuildSummary(str(out), counts, built, len(done), nbytes, time.time() - t0)
     finally:
-        bar.close()
-        if own_backend and backend is not None:
-            backend.close()
-    counts = _finalize(config, out, state, parts, info, layers, backend, build_command)
-    nbytes = sum(f.stat().st_size for f in (out / "data").glob(f"*.{ext}"))
-    return BuildSummary(str(out), counts, built, len(done), nbytes, time.time() - t0)
+        os.close(lock)
+
+
+def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesConfig) -> None:
+    """``download_and_prepare`` into ``staging``; an error is raised as itself, not wrapped by datasets."""
+    err: BaseException | None = None
+    try:
+        builder.download_and_prepare(str(staging), file_format=config.file_format,
+                                     max_shard_size=config.max_shard_bytes,
+                                     download_mode=datasets.DownloadMode.FORCE_REDOWNLOAD)
+    except datasets.exceptions.DatasetGenerationError as e:
+        if not isinstance(e.__cause__, Exception):
+            raise
+        err = e.__cause__  # e.g. BackendError, NonFiniteError, OSError(ENOSPC), a source error
+    if err is not None:
+        raise err
 
 
 def _build_part(config: HiddenStatesConfig, out: Path, state: Path, i: int, start: int, stop: int,
                 backend: CaptureBackend, bar: _Progress) -> None:
     ext = config.file_format
-    for f in _part_files(out, i, ext):  # whole shards of a part that was not recorded: redo it
-        f.unlink()
-    staging = state / "staging" / f"part-{i:05d}"
-    shutil.rmtree(staging, ignore_errors=True)
-    part_cfg = dataclasses.replace(config, part=(start, stop), name="default")
-    builder = HiddenStatesBuilder(config=part_cfg, backend=backend, on_row=bar.row,
-                                  cache_dir=str(state / "cache"))
-    builder.download_and_prepare(str(staging), file_format=ext, max_shard_size=config.max_shard_bytes,
-                                 download_mode=datasets.DownloadMode.FORCE_REDOWNLOAD)
-    shards = sorted(glob.glob(str(staging / f"*-train*.{ext}")))
-    files = []
-    for k, src in enumerate(shards):
-        dst = out / "data" / f"train-{i:05d}-{k:03d}.{ext}"
-        os.replace(src, dst)
-        files.append({"name": dst.name, "bytes": dst.stat().st_size})
-    _fsync_dir(out / "data")
-    counts = builder.counts
-    if counts.samples_in != stop - start:
-        raise RuntimeError(f"part {i}: read {counts.samples_in} source rows, expected {stop - start}")
-    record = {"part": i, "start": start, "stop": stop, "files": files, "counts": dataclasses.asdict(counts),
-              "rejects": [r.to_dict() for r in builder.rejects]}
-    atomic_write(_part_record(state, i), json.dumps(record))
-    shutil.rmtree(staging, ignore_errors=True)
+    record_path = _part_record(state, i)
+    staging_root = state / "staging"
+    staging = staging_root / f"part-{i:05d}"
+    try:
+        for f in _part_files(out, i, ext):  # whole shards of a part that was not recorded: redo it
+            f.unlink()
+        # datasets keeps a killed run's shards in '<staging>.incomplete' and reuses that folder: start clean
+        shutil.rmtree(staging_root, ignore_errors=True)
+        staging_root.mkdir(parents=True)
+        part_cfg = dataclasses.replace(config, part=(start, stop), name="default")
+        builder = HiddenStatesBuilder(config=part_cfg, backend=backend, on_row=bar.row,
+                                      cache_dir=str(state / "cache"))
+        _generate(builder, staging, config)
+        counts = builder.counts
+        if counts.samples_in != stop - start:
+            raise RuntimeError(f"part {i}: read {counts.samples_in} source rows, expected {stop - start}")
+        shards = sorted(glob.glob(str(staging / f"*-train*.{ext}")))
+        for src in shards:  # on disk before the record can point at them
+            _fsync_file(Path(src))
+        files = []
+        for k, src in enumerate(shards):
+            dst = out / "data" / f"train-{i:05d}-{k:03d}.{ext}"
+            os.replace(src, dst)
+            files.append({"name": dst.name, "bytes": dst.stat().st_size})
+        _fsync_dir(out / "data")
+        record = {"part": i, "start": start, "stop": stop, "files": files, "counts": dataclasses.asdict(counts),
+                  "rejects": [r.to_dict() for r in builder.rejects], "backend_versions": backend.versions()}
+        atomic_write(record_path, json.dumps(record))  # the commit point of this part
+    except BaseException:
+        if not record_path.exists():  # discard what this part moved: no shard of an unrecorded part stays visible
+            try:
+                for f in _part_files(out, i, ext):
+                    f.unlink()
+            except OSError:
+                pass  # the next build removes them
+        shutil.rmtree(staging_root, ignore_errors=True)
+        raise
+    shutil.rmtree(staging_root, ignore_errors=True)
 
 
 def _versions(backend: CaptureBackend | None) -> dict[str, str]:
@@ -221,16 +461,26 @@ def _finalize(config: HiddenStatesConfig, out: Path, state: Path, parts: list[tu
     counts = Counts()
     rejects: list[dict] = []
     files: list[dict] = []
+    record_versions: dict[str, str] = {}
     for i, _, _ in parts:
-        r = json.loads(_part_record(state, i).read_text())
+        r = json.loads(_part_record(state, i).read_text(encoding="utf-8"))
         counts.add(Counts(**r["counts"]))
         rejects.extend(r["rejects"])
         files.extend(r["files"])
+        record_versions = r.get("backend_versions") or record_versions
     counts.check()
+    _check_outputs(out, files)
     atomic_write(out / REJECTS_FILE, "".join(json.dumps(r) + "\n" for r in rejects))
     tok_path = config.tokenizer or config.model
     meta_path = out / META_FILE
-    previous = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    previous: dict[str, Any] = {}
+    for p in (meta_path, state / META_FILE):
+        if p.exists():
+            try:
+                previous = json.loads(p.read_text(encoding="utf-8"))
+                break
+            except ValueError:
+                pass
     nbytes = sum(f["bytes"] for f in files)
     meta = {
         "format_version": FORMAT_VERSION,
@@ -253,14 +503,29 @@ def _finalize(config: HiddenStatesConfig, out: Path, state: Path, parts: list[tu
         "files": len(files),
         "backend": {"name": config.backend,
                     "options": {k: v for k, v in config.backend_options.items() if "token" not in k.lower()},
-                    "versions": _versions(backend) if backend is not None else previous.get("backend", {}).get("versions", {})},
+                    "versions": _versions(backend) if backend is not None else
+                    previous.get("backend", {}).get("versions") or {**_versions(None), **record_versions}},
         "build_command": build_command or previous.get("build_command"),
         "config": config.to_dict(),
     }
-    atomic_write(meta_path, json.dumps(meta, indent=1))
+    text = json.dumps(meta, indent=1)
+    atomic_write(state / META_FILE, text)
     atomic_write(out / "README.md", render_readme(meta, make_features(layers, info.hidden_size, config.storage_dtype),
                                                   counts.written, nbytes, config.file_format))
+    atomic_write(meta_path, text)  # last: hs_dataset.json exists only for a finished build
     return counts
+
+
+def _check_outputs(out: Path, files: list[dict]) -> None:
+    """``data/`` holds exactly the recorded shards with their recorded sizes (else: a bug)."""
+    listed = {f["name"]: int(f["bytes"]) for f in files}
+    present = {f.name: f.stat().st_size for f in (out / "data").iterdir() if SHARD_RE.match(f.name)}
+    if listed != present:
+        missing = sorted(set(listed) - set(present))
+        extra = sorted(set(present) - set(listed))
+        sized = sorted(k for k in set(listed) & set(present) if listed[k] != present[k])
+        raise RuntimeError(f"{out / 'data'} does not match the part records (missing {missing}, unlisted {extra}, "
+                           f"wrong size {sized}); this is a bug in hs_dataset: run the build again to repair it")
 
 
 def readme_yaml(features: datasets.Features, num_examples: int, num_bytes: int, file_format: str) -> dict[str, Any]:

@@ -56,6 +56,19 @@ def load_preset(path: str, sets: list[str]) -> dict[str, Any]:
     return config
 
 
+class _SetField(argparse.Action):
+    """An option that stands for ``--set <field>=<value>`` (applied in command-line order)."""
+
+    def __init__(self, option_strings, dest, field: str, **kw):
+        super().__init__(option_strings, dest, **kw)
+        self.field = field
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        items = list(getattr(namespace, self.dest, None) or [])
+        items.append(f"{self.field}={values}")
+        setattr(namespace, self.dest, items)
+
+
 def cmd_build(a: argparse.Namespace) -> int:
     from .build import build
     from .builder import HiddenStatesConfig
@@ -171,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--output", "-o", required=True, help="output directory (resumable)")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--on-nonfinite", choices=("fail", "reject"), action=_SetField, dest="set", field="on_nonfinite",
+                   help="NaN/Inf in a captured state: stop the build naming the sample and layer (fail, the "
+                        "default), or write the sample to rejects.jsonl and go on (reject)")
     b.add_argument("--push", metavar="ORG/NAME", help="push to the Hub when the build is done")
     b.add_argument("--version", help="version tag for --push, e.g. v1.0")
     b.add_argument("--force", action="store_true", help="with --push: replace an existing version")

@@ -17,10 +17,27 @@ __all__ = [
 ]
 
 
+ISOLATE_OPTIONS = ("isolate", "timeout", "start_timeout", "max_inflight")
+
+
 def make_backend(name: str, model: str, layers: tuple[int, ...], *, revision: str | None = None,
                  options: dict[str, Any] | None = None) -> CaptureBackend:
-    """Start the named backend for a local model directory."""
+    """Start the named backend for a local model directory.
+
+    ``options`` are the backend's own keyword arguments, except ``isolate: true``, which runs the
+    backend in a child process (:class:`~hs_dataset.backends.process.ProcessBackend`) so that its
+    death or hang stops the build with a clear error; with it, ``timeout`` (seconds without a
+    result before the child counts as hung, default 600), ``start_timeout`` (default 3600) and
+    ``max_inflight`` (default 64) tune the isolation.
+    """
     options = dict(options or {})
+    if options.pop("isolate", False):
+        from .process import ProcessBackend
+
+        iso = {k: options.pop(k) for k in ISOLATE_OPTIONS[1:] if k in options}
+        if name == "sglang" and "max_inflight" in iso:
+            options["max_inflight"] = iso["max_inflight"]  # also the engine's own in-flight limit
+        return ProcessBackend(name, model, layers, revision=revision, options=options, **iso)
     if name == "transformers":
         from .hf import TransformersBackend
 
