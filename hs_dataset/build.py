@@ -63,7 +63,7 @@ FORMAT_VERSION = 1
 
 logger = logging.getLogger(__name__)
 
-SHARD_RE = re.compile(r"^train-(\d{5})-(\d{3})\.(arrow|parquet)$")
+SHARD_RE = re.compile(r"^train-(\d{5,})-(\d{3,})\.(arrow|parquet)$")
 TMP_RE = re.compile(r"^\..+\.tmp-\d+$")
 
 

@@ -193,6 +193,13 @@ def test_cli_on_nonfinite_flag(poisoned, tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _backend_children() -> set[int]:
     """Live (not zombie) spawned children of this process: isolated backends."""
     me, kids = os.getpid(), set()
@@ -287,11 +294,41 @@ def test_backend_process_hang_stops_within_the_timeout(tiny_model, tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
     assert "hangs" in str(e.value) and f"{timeout} s" in str(e.value) and "resume" in str(e.value)
-    for pid in stopped_pids:  # it was killed, not left stopped
-        assert not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text()
+    assert not any(_alive(pid) for pid in stopped_pids)  # it was killed, not left stopped
     done = assert_clean_stop(out)
     s = build(cfg, out, backend=TransformersBackend(tiny_model, LAYERS, **IN_PROCESS), progress=False)
     assert s.parts_skipped == done and s.counts.written == 48
+
+
+def test_killing_the_build_also_ends_its_isolated_backend(tiny_model, tmp_path):
+    """SIGKILL of `hs-dataset build` leaves no orphan backend process holding the accelerator."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(["hs-dataset", "build", str(SCRIPT), "-o", str(out), "--no-progress",
+                             "--set", f"model={tiny_model}", "--set", "backend_options.isolate=true"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def backend_child() -> int | None:
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if (int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == proc.pid
+                            and b"spawn_main" in (p / "cmdline").read_bytes()):
+                        return int(p.name)
+        return None
+
+    try:
+        t = time.monotonic()
+        while (child := backend_child()) is None or not (out / STATE_DIR / "parts").exists():
+            assert proc.poll() is None and time.monotonic() - t < 120
+            time.sleep(0.01)
+        proc.kill()
+        proc.wait()
+        t = time.monotonic()
+        while _alive(child):
+            assert time.monotonic() - t < 10, "the backend process outlived the build"
+            time.sleep(0.01)
+    finally:
+        proc.kill()
 
 
 def test_backend_start_failure_is_reported_from_the_child(tiny_model, tmp_path):
