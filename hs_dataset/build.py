@@ -30,6 +30,7 @@ same command ends with the same rows as an uninterrupted build:
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import errno
 import fcntl
@@ -362,17 +363,28 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         own_backend = False
         built = 0
         datasets.disable_progress_bars()
+        committer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hs_dataset-commit")
+        committing: cf.Future | None = None
         try:
             for i, start, stop in todo:
                 if backend is None:
                     backend = make_backend(config.backend, config.model, layers, revision=config.model_revision,
                                            options=config.backend_options)
                     own_backend = True
-                if not built:
+                if i == todo[0][0]:
                     _invalidate_finished(out, state)  # data/ is about to change
-                _build_part(config, out, state, i, start, stop, backend, bar)
+                generated = _generate_part(config, out, state, i, start, stop, backend, bar)
+                if committing is not None:  # at most one part committing while the next one is captured
+                    committing.result()
+                    built += 1
+                committing = committer.submit(_commit_part, out, state, generated, ext)
+            if committing is not None:
+                committing.result()
                 built += 1
+                committing = None
         finally:
+            committer.shutdown(wait=True)  # a part being committed finishes (or is discarded) before we return
+            shutil.rmtree(state / "staging", ignore_errors=True)
             bar.close()
             if own_backend and backend is not None:
                 backend.close()
@@ -400,18 +412,49 @@ def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesC
         raise err
 
 
-def _build_part(config: HiddenStatesConfig, out: Path, state: Path, i: int, start: int, stop: int,
-                backend: CaptureBackend, bar: _Progress) -> None:
-    ext = config.file_format
-    record_path = _part_record(state, i)
-    staging_root = state / "staging"
-    staging = staging_root / f"part-{i:05d}"
+@dataclass
+class _Generated:
+    """A part whose shards are written and closed in its staging folder, not yet committed."""
+
+    i: int
+    start: int
+    stop: int
+    staging: Path
+    counts: Counts
+    rejects: list[dict]
+    backend_versions: dict[str, str]
+
+
+def _staging(state: Path, i: int) -> Path:
+    return state / "staging" / f"part-{i:05d}"
+
+
+def _clear_staging(state: Path, i: int) -> None:
+    # datasets keeps a killed run's shards in '<staging>.incomplete' and reuses that folder
+    for d in (state / "staging").glob(f"part-{i:05d}*"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _discard_part(out: Path, state: Path, i: int, ext: str) -> None:
+    """Remove what an unrecorded part left: no shard of an unrecorded part stays visible."""
+    if not _part_record(state, i).exists():
+        try:
+            for f in _part_files(out, i, ext):
+                f.unlink()
+        except OSError:
+            pass  # the next build removes them
+    _clear_staging(state, i)
+
+
+def _generate_part(config: HiddenStatesConfig, out: Path, state: Path, i: int, start: int, stop: int,
+                   backend: CaptureBackend, bar: _Progress) -> _Generated:
+    """Capture and write part ``i`` into its staging folder (the main thread's work)."""
+    staging = _staging(state, i)
     try:
-        for f in _part_files(out, i, ext):  # whole shards of a part that was not recorded: redo it
+        for f in _part_files(out, i, config.file_format):  # whole shards of a part that was not recorded: redo it
             f.unlink()
-        # datasets keeps a killed run's shards in '<staging>.incomplete' and reuses that folder: start clean
-        shutil.rmtree(staging_root, ignore_errors=True)
-        staging_root.mkdir(parents=True)
+        _clear_staging(state, i)
+        staging.parent.mkdir(parents=True, exist_ok=True)
         part_cfg = dataclasses.replace(config, part=(start, stop), name="default")
         builder = HiddenStatesBuilder(config=part_cfg, backend=backend, on_row=bar.row,
                                       cache_dir=str(state / "cache"))
@@ -419,28 +462,36 @@ def _build_part(config: HiddenStatesConfig, out: Path, state: Path, i: int, star
         counts = builder.counts
         if counts.samples_in != stop - start:
             raise RuntimeError(f"part {i}: read {counts.samples_in} source rows, expected {stop - start}")
-        shards = sorted(glob.glob(str(staging / f"*-train*.{ext}")))
+    except BaseException:
+        _discard_part(out, state, i, config.file_format)
+        raise
+    return _Generated(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions())
+
+
+def _commit_part(out: Path, state: Path, g: _Generated, ext: str) -> None:
+    """fsync the part's shards, move them into data/, then write its record (the commit point).
+
+    Runs on a committer thread while the next part is captured: the fsync (seconds per GB) then
+    costs no capture time. Only a recorded part counts; a kill before the record redoes the part.
+    """
+    record_path = _part_record(state, g.i)
+    try:
+        shards = sorted(glob.glob(str(g.staging / f"*-train*.{ext}")))
         for src in shards:  # on disk before the record can point at them
             _fsync_file(Path(src))
         files = []
         for k, src in enumerate(shards):
-            dst = out / "data" / f"train-{i:05d}-{k:03d}.{ext}"
+            dst = out / "data" / f"train-{g.i:05d}-{k:03d}.{ext}"
             os.replace(src, dst)
             files.append({"name": dst.name, "bytes": dst.stat().st_size})
         _fsync_dir(out / "data")
-        record = {"part": i, "start": start, "stop": stop, "files": files, "counts": dataclasses.asdict(counts),
-                  "rejects": [r.to_dict() for r in builder.rejects], "backend_versions": backend.versions()}
+        record = {"part": g.i, "start": g.start, "stop": g.stop, "files": files,
+                  "counts": dataclasses.asdict(g.counts), "rejects": g.rejects, "backend_versions": g.backend_versions}
         atomic_write(record_path, json.dumps(record))  # the commit point of this part
     except BaseException:
-        if not record_path.exists():  # discard what this part moved: no shard of an unrecorded part stays visible
-            try:
-                for f in _part_files(out, i, ext):
-                    f.unlink()
-            except OSError:
-                pass  # the next build removes them
-        shutil.rmtree(staging_root, ignore_errors=True)
+        _discard_part(out, state, g.i, ext)
         raise
-    shutil.rmtree(staging_root, ignore_errors=True)
+    _clear_staging(state, g.i)
 
 
 def _versions(backend: CaptureBackend | None) -> dict[str, str]:
