@@ -55,7 +55,9 @@ class HiddenStatesConfig(datasets.BuilderConfig):
     on_nonfinite: str = "fail"  # or "reject"
     max_samples: int | None = None
     part_size: int = 256  # source rows per resumable part
-    writer_batch_bytes: int = 256 * 2**20
+    # Arrow record batch budget. A row at least this big goes alone, wrapped without a copy; smaller rows
+    # are grouped (one concatenation) so record batches stay large.
+    writer_batch_bytes: int = 64 * 2**20
     max_shard_bytes: int = 2 * 2**30
     file_format: str = "arrow"  # or "parquet"
     # Internal: the source row range of the part being built (None: the whole source).

@@ -14,15 +14,16 @@ its start, so the reader follows ``start -> start + length`` without listing the
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors import safe_open
 
 MANIFEST = "plugin-manifest.json"
 PLUGIN_ERROR = "plugin-error.txt"
@@ -65,9 +66,25 @@ class Chunk:
 
 
 def read_chunk(path: Path) -> Chunk:
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata()
-        states = f.get_tensor("states")
+    """Map a chunk file (safetensors layout) without copying it: the tensor views the file's pages,
+    which stay valid after the file is unlinked, until the tensor is freed."""
+    with open(path, "rb") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(hlen))
+        size = os.fstat(f.fileno()).st_size
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size > 8 + hlen else None
+    meta, info = header.get("__metadata__", {}), header["states"]
+    if info["dtype"] != "BF16":
+        raise RuntimeError(f"{path}: states are {info['dtype']}, expected BF16")
+    begin, end = info["data_offsets"]
+    shape = info["shape"]
+    if mm is None:
+        states = torch.empty(shape, dtype=torch.bfloat16)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only mapping
+            states = torch.frombuffer(mm, dtype=torch.bfloat16, offset=8 + hlen + begin,
+                                      count=(end - begin) // 2).view(shape)
     nf = meta.get("nonfinite")
     return Chunk(int(meta["start"]), states, tuple(int(x) for x in nf.split(",")) if nf else None)
 

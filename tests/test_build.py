@@ -131,13 +131,18 @@ def test_writer_batches_are_sized_by_bytes_for_kimi_shapes(tmp_path):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168,
                                                    "num_hidden_layers": 61, "vocab_size": 163840}))
-    b = HiddenStatesBuilder(config=HiddenStatesConfig(model=str(model), layers=(3, 31, 59), source=str(DEMO),
-                                                      max_length=2048, writer_batch_bytes=256 * 2**20),
-                            cache_dir=str(tmp_path / "cache"))
-    rows = b._writer_batch_size
-    assert rows * 2048 * 7168 < 2**31  # 32-bit Array2D offsets never overflow within a record batch
-    assert rows * 2048 * 4 * 7168 * 2 <= 256 * 2**20 or rows == 1
-    assert rows == 2  # 117 MB per 2048-token sample: two rows per 256 MiB batch, not datasets' default 1000
+
+    def rows(**kw):
+        cfg = HiddenStatesConfig(model=str(model), layers=(3, 31, 59), source=str(DEMO), max_length=2048, **kw)
+        return HiddenStatesBuilder(config=cfg, cache_dir=str(tmp_path / "cache"))._writer_batch_size
+
+    # 117 MB per 2048-token sample (4 states x 7168 x bf16): by default each sample is its own record
+    # batch (no concatenation copy); a larger budget groups rows, never past the budget or the
+    # 32-bit Array2D offsets, and never datasets' default of 1000 rows (117 GB).
+    assert rows() == 1
+    assert rows(writer_batch_bytes=256 * 2**20) == 2
+    big = rows(writer_batch_bytes=2**40)
+    assert big * 2048 * 7168 < 2**31 and big == (2**31 - 1) // (2048 * 7168)
 
 
 def test_rejects_are_counted_and_named(tiny_model, tmp_path):
