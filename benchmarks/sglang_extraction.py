@@ -143,7 +143,7 @@ def main() -> None:
         for x in ids:
             f.write(json.dumps({"input_ids": x}) + "\n")
     cfg = HiddenStatesConfig(model=str(model), layers=layers, source=str(src), max_length=a.tokens,
-                             backend="sglang", part_size=max(a.samples // 2, 1), max_shard_bytes=4 << 30)
+                             backend="sglang", part_size=max(a.samples // 8, 1), max_shard_bytes=4 << 30)
     t = time.time()
     s = build(cfg, work / "out", backend=be, progress=False)
     dt = time.time() - t
