@@ -494,6 +494,12 @@ def _commit_part(out: Path, state: Path, g: _Generated, ext: str) -> None:
     _clear_staging(state, g.i)
 
 
+def _secret_key(key: str) -> bool:
+    """Backend options never recorded: credentials (api_key, hf_token, ...), not e.g. batch_tokens."""
+    k = key.lower()
+    return any(w in k for w in ("secret", "password", "api_key", "apikey", "auth")) or k.endswith("token")
+
+
 def _versions(backend: CaptureBackend | None) -> dict[str, str]:
     import torch
 
@@ -553,7 +559,7 @@ def _finalize(config: HiddenStatesConfig, out: Path, state: Path, parts: list[tu
         "bytes": nbytes,
         "files": len(files),
         "backend": {"name": config.backend,
-                    "options": {k: v for k, v in config.backend_options.items() if "token" not in k.lower()},
+                    "options": {k: v for k, v in config.backend_options.items() if not _secret_key(k)},
                     "versions": _versions(backend) if backend is not None else
                     previous.get("backend", {}).get("versions") or {**_versions(None), **record_versions}},
         "build_command": build_command or previous.get("build_command"),
