@@ -51,7 +51,7 @@ import yaml
 
 from . import __version__
 from .backends import LAYER_CONVENTION, CaptureBackend, check_layers, make_backend, read_model_info
-from .builder import HiddenStatesBuilder, HiddenStatesConfig
+from .builder import CaptureStream, HiddenStatesBuilder, HiddenStatesConfig
 from .encode import make_features, state_columns
 from .records import Counts
 from .sources import count_rows, source_fingerprint
@@ -365,15 +365,19 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         datasets.disable_progress_bars()
         committer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hs_dataset-commit")
         committing: cf.Future | None = None
+        stream: CaptureStream | None = None
         try:
             for i, start, stop in todo:
                 if backend is None:
                     backend = make_backend(config.backend, config.model, layers, revision=config.model_revision,
                                            options=config.backend_options)
                     own_backend = True
+                if stream is None and getattr(backend, "continuous", False):
+                    # one capture over all remaining parts: the engine never drains at a part boundary
+                    stream = CaptureStream(config, backend, [(s, e) for _, s, e in todo])
                 if i == todo[0][0]:
                     _invalidate_finished(out, state)  # data/ is about to change
-                generated = _generate_part(config, out, state, i, start, stop, backend, bar)
+                generated = _generate_part(config, out, state, i, start, stop, backend, bar, stream)
                 if committing is not None:  # at most one part committing while the next one is captured
                     committing.result()
                     built += 1
@@ -383,6 +387,8 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                 built += 1
                 committing = None
         finally:
+            if stream is not None:
+                stream.close()
             committer.shutdown(wait=True)  # a part being committed finishes (or is discarded) before we return
             shutil.rmtree(state / "staging", ignore_errors=True)
             bar.close()
@@ -447,7 +453,7 @@ def _discard_part(out: Path, state: Path, i: int, ext: str) -> None:
 
 
 def _generate_part(config: HiddenStatesConfig, out: Path, state: Path, i: int, start: int, stop: int,
-                   backend: CaptureBackend, bar: _Progress) -> _Generated:
+                   backend: CaptureBackend, bar: _Progress, stream: CaptureStream | None) -> _Generated:
     """Capture and write part ``i`` into its staging folder (the main thread's work)."""
     staging = _staging(state, i)
     try:
@@ -456,7 +462,7 @@ def _generate_part(config: HiddenStatesConfig, out: Path, state: Path, i: int, s
         _clear_staging(state, i)
         staging.parent.mkdir(parents=True, exist_ok=True)
         part_cfg = dataclasses.replace(config, part=(start, stop), name="default")
-        builder = HiddenStatesBuilder(config=part_cfg, backend=backend, on_row=bar.row,
+        builder = HiddenStatesBuilder(config=part_cfg, backend=backend, on_row=bar.row, stream=stream,
                                       cache_dir=str(state / "cache"))
         _generate(builder, staging, config)
         counts = builder.counts

@@ -13,6 +13,7 @@ It can also be used directly::
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -22,6 +23,7 @@ import pyarrow as pa
 from datasets.builder import Key
 
 from .backends import BackendError, CaptureBackend, check_layers, make_backend, read_model_info
+from .backends.base import BackendItem
 from .chat import load_tokenizer, tokenize_row
 from .encode import bytes_per_token, check_storage_dtype, encode_row, make_features, state_columns
 from .records import Counts, Reject, SampleError, TokenizedSample
@@ -149,12 +151,14 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
     config: HiddenStatesConfig
 
     def __init__(self, *args, config: HiddenStatesConfig | None = None, backend: CaptureBackend | None = None,
-                 on_row: Callable[[int, int], None] | None = None, **kwargs):
+                 on_row: Callable[[int, int], None] | None = None, stream: "CaptureStream | None" = None,
+                 **kwargs):
         if config is not None:  # datasets >= 4 builders take config fields as keyword arguments
             kwargs.update({f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                            if f.name not in ("version", "data_dir", "data_files", "description")})
         self._backend = backend
         self._on_row = on_row
+        self._stream = stream
         self.counts = Counts()
         self.rejects: list[Reject] = []
         super().__init__(*args, **kwargs)
@@ -199,16 +203,26 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         self.counts.rejected += 1
         self.counts.rejects_by_stage[r.stage] = self.counts.rejects_by_stage.get(r.stage, 0) + 1
 
+    def _items(self, backend: CaptureBackend, start: int, stop: int | None) -> Iterator[BackendItem]:
+        if self._stream is None:
+            yield from backend.capture(self._tokenized(start, stop))
+            return
+        if stop is None:
+            raise ValueError("a CaptureStream serves parts with a known end")
+        for item in self._stream.take(start, stop):
+            self.counts.samples_in += 1
+            yield item
+
     def _generate_tables(self, start: int, stop: int | None):
         cfg = self.config
         schema = self.info.features.arrow_schema
-        own = self._backend is None
+        own = self._backend is None and self._stream is None
         backend = self._backend or make_backend(cfg.backend, cfg.model, self.layers, revision=cfg.model_revision,
                                                 options=cfg.backend_options)
         cols = state_columns(self.layers)
         i = 0
         try:
-            for item in backend.capture(self._tokenized(start, stop)):
+            for item in self._items(backend, start, stop):
                 if isinstance(item, Reject):
                     self._reject(item)
                     continue
@@ -232,3 +246,54 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 backend.close()
         self.counts.check()
 
+
+
+class CaptureStream:
+    """One ``backend.capture`` call over the source rows of several parts, consumed part by part.
+
+    With an engine that batches continuously (SGLang), building each part with its own
+    ``capture`` call drains the engine at every part boundary: the last rows of a part are written
+    while the GPU waits for the next part's first requests. A stream keeps the next part's rows in
+    flight instead. ``take(start, stop)`` yields one item per source row of ``[start, stop)``, in
+    row order: the backend's result, or a :class:`Reject` (from tokenization or the backend).
+    """
+
+    def __init__(self, config: HiddenStatesConfig, backend: CaptureBackend, ranges: list[tuple[int, int]]):
+        self.config = config
+        self._ranges = list(ranges)
+        self._order: deque[int] = deque()  # source row index of every submitted sample, in order
+        self._tokenize_rejects: dict[int, Reject] = {}
+        self._it = backend.capture(self._tokenized())
+        self._next: tuple[int, BackendItem] | None = None
+
+    def _tokenized(self) -> Iterator[TokenizedSample]:
+        cfg = self.config
+        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        for start, stop in self._ranges:
+            for row in iter_source(cfg.source, start=start, stop=stop, sample_id=cfg.sample_id):
+                try:
+                    s = tokenize_row(row, tokenizer, max_length=cfg.max_length, mask=cfg.mask,
+                                     truncation=cfg.truncation)
+                except SampleError as e:
+                    self._tokenize_rejects[row.index] = Reject(row.sample_id, e.field, e.reason, "tokenize")
+                    continue
+                self._order.append(row.index)
+                yield s
+
+    def take(self, start: int, stop: int) -> Iterator[BackendItem]:
+        while True:
+            if self._next is None:
+                item = next(self._it, None)  # tokenizes (and records rejects of) every row before it
+                if item is not None:
+                    self._next = (self._order.popleft(), item)
+            bound = stop if self._next is None else min(self._next[0], stop)
+            for idx in sorted(k for k in self._tokenize_rejects if start <= k < bound):
+                yield self._tokenize_rejects.pop(idx)
+            if self._next is None or self._next[0] >= stop:
+                return
+            item = self._next[1]
+            self._next = None
+            yield item
+
+    def close(self) -> None:
+        self._it.close()

@@ -218,3 +218,26 @@ def test_fp8_storage_decodes_to_bf16_within_its_error(tiny_model, tmp_path):
             assert rel.max().item() <= 2**-3  # e4m3: 3 mantissa bits, per-token scale
     assert np.isclose(sum(f.stat().st_size for f in (tmp_path / "fp8" / "data").iterdir())
                       / sum(f.stat().st_size for f in (tmp_path / "bf16" / "data").iterdir()), 0.5, atol=0.1)
+
+
+def test_one_capture_stream_across_parts_gives_the_same_rows_and_rejects(tiny_model, tmp_path):
+    """A continuously batching backend (SGLang) is fed one capture call across all parts; each part
+    must still get exactly its own rows and rejects. Checked with the transformers backend run one
+    sample at a time (so batching cannot change a bit) switched into that mode."""
+    src = tmp_path / "mixed.jsonl"
+    lines = DEMO.read_text().splitlines()[:14]
+    for k in (1, 6, 7, 13):  # bad rows at a part's start, middle and end (parts of 4 rows)
+        lines[k] = '{"messages": [{"role": "wizard", "content": "hi"}]}'
+    src.write_text("\n".join(lines) + "\n")
+    per_part = build(config(tiny_model, source=str(src), part_size=4, max_samples=None,
+                            backend_options={"device": "cpu", "batch_tokens": 1}), tmp_path / "a", progress=False)
+    be = TransformersBackend(tiny_model, LAYERS, device="cpu", batch_tokens=1)
+    be.continuous = True
+    streamed = build(config(tiny_model, source=str(src), part_size=4, max_samples=None), tmp_path / "b",
+                     backend=be, progress=False)
+    assert (streamed.counts.written, streamed.counts.rejected) == (per_part.counts.written, per_part.counts.rejected)
+    assert streamed.counts.rejected == 4
+    assert (tmp_path / "a" / "rejects.jsonl").read_text() == (tmp_path / "b" / "rejects.jsonl").read_text()
+    assert content_hash(tmp_path / "a") == content_hash(tmp_path / "b")
+    parts = sorted((tmp_path / "b" / ".hs_build" / "parts").glob("part-*.json"))
+    assert [json.loads(p.read_text())["counts"]["samples_in"] for p in parts] == [4, 4, 4, 2]

@@ -103,6 +103,11 @@ class CaptureBackend(Protocol):
     :class:`CaptureResult` (``states`` on the CPU, ``torch.bfloat16``, ``[len(layers)+1, T, H]``)
     or a :class:`Reject` for a sample the backend cannot run (e.g. longer than the engine allows).
     A backend-wide failure (engine died, hang) raises :class:`BackendError`.
+
+    A backend with a class attribute ``continuous = True`` (its engine batches continuously, by
+    timing, so grouping samples into calls fixes nothing about the result) is fed one ``capture`` call across
+    all parts of a build; others get one call per part, so that a resumed part is batched exactly
+    as in an uninterrupted build.
     """
 
     name: str

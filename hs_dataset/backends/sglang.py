@@ -96,6 +96,7 @@ class SGLangBackend:
     """
 
     name = "sglang"
+    continuous = True  # the engine batches continuously: the build feeds it one stream across parts
 
     def __init__(self, model: str, layers: Iterable[int], *, revision: str | None = None, tp_size: int = 1,
                  sglang_url: str | None = None, spool_dir: str | None = None, max_inflight: int = 32,
