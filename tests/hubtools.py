@@ -170,7 +170,6 @@ def write_built_dataset(
     extra_metadata: dict | None = None,
 ) -> Path:
     """Write a finished build directory with ``rows`` split into shards of ``shard_rows``."""
-    import pyarrow as pa
     from datasets.arrow_writer import ArrowWriter
 
     out = Path(out_dir)

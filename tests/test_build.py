@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -19,16 +18,11 @@ from hs_dataset.build import ConfigMismatchError, build
 from hs_dataset.builder import HiddenStatesBuilder, HiddenStatesConfig
 from hs_dataset.reader import DrafterCollator, decode_row, iter_torch
 from hs_dataset.records import CaptureResult
-from hs_dataset.tiny import make_tiny_model_dir
+from tests.buildtools import content_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "builder_scripts" / "data" / "demo_conversations.jsonl"
 LAYERS = (0, 1, 2)
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    return str(make_tiny_model_dir(tmp_path_factory.mktemp("model") / "tiny", template="chatml", seed=0))
 
 
 def config(model: str, **kw) -> HiddenStatesConfig:
@@ -56,17 +50,6 @@ class Tap:
 
     def close(self):
         self.backend.close()
-
-
-def content_hash(out: Path) -> str:
-    """sha256 over every row of every shard, in order."""
-    h = hashlib.sha256()
-    for row in iter_torch(datasets.load_dataset(str(out), split="train")):
-        for k in sorted(row):
-            v = row[k]
-            h.update(k.encode())
-            h.update(v.encode() if isinstance(v, str) else v.contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def test_states_read_back_are_bit_identical_to_the_backend(tiny_model, tmp_path):

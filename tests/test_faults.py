@@ -4,7 +4,6 @@ unwritable disk. Each is named, leaves no corrupt output, and a rerun resumes.""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import resource
@@ -18,7 +17,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import datasets
 import pyarrow as pa
 import pytest
 import torch
@@ -32,17 +30,12 @@ from hs_dataset.builder import HiddenStatesConfig, NonFiniteError
 from hs_dataset.chat import load_tokenizer, tokenize_row
 from hs_dataset.reader import iter_torch
 from hs_dataset.sources import iter_source
-from hs_dataset.tiny import make_tiny_model_dir
+from tests.buildtools import content_hash, load_built as load
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "builder_scripts" / "tiny_demo.py"
 DEMO = ROOT / "builder_scripts" / "data" / "demo_conversations.jsonl"
 LAYERS = (0, 1, 2)
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    return str(make_tiny_model_dir(tmp_path_factory.getbasetemp() / "tiny-chatml-0", template="chatml", seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -57,24 +50,6 @@ def config(model: str, **kw) -> HiddenStatesConfig:
                 backend_options={"device": "cpu", "batch_tokens": 2048})
     base.update(kw)
     return HiddenStatesConfig(**base)
-
-
-def load(out: Path) -> datasets.Dataset:
-    """``load_dataset(out)`` with a private cache: datasets keys its cache of a local folder by the
-    folder's name and README metadata (features, row and byte counts), not by the shards' content,
-    so two builds in folders of the same name and size would otherwise read each other's rows."""
-    return datasets.load_dataset(str(out), split="train", cache_dir=tempfile.mkdtemp(prefix="hf-cache-", dir=out.parent))
-
-
-def content_hash(out: Path) -> str:
-    """sha256 over every row of every shard, in order."""
-    h = hashlib.sha256()
-    for row in iter_torch(load(out)):
-        for k in sorted(row):
-            v = row[k]
-            h.update(k.encode())
-            h.update(v.encode() if isinstance(v, str) else v.contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def records(out: Path) -> dict[str, dict]:

@@ -17,18 +17,12 @@ from hs_dataset.cli import main as cli
 from hs_dataset.interop import (EXPORT_SIDECAR, InteropError, default_layers, export_specforge, import_dataset,
                                 specforge_file)
 from hs_dataset.reader import iter_torch, open_dataset
-from hs_dataset.tiny import make_tiny_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "builder_scripts" / "data" / "demo_conversations.jsonl"
 LAYERS = (0, 1, 2)
 COLS = [f"hidden_layer_{k}" for k in LAYERS] + ["hidden_final"]
 FP8_BOUND = 2.0**-4 + 2.0**-8  # e4m3 rounding (<= 2^-4 of the value) + the bf16 rounding of the decoded value
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(make_tiny_model_dir(tmp_path_factory.mktemp("model") / "tiny", template="chatml", seed=0))
 
 
 def _build(model: str, out: Path, **kw) -> Path:

@@ -12,7 +12,6 @@ build row by row (content hash) with an uninterrupted build.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import random
@@ -20,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -100,17 +98,15 @@ if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--kill-drive
 # tests
 # ------------------------------------------------------------------------------------------------
 
-import datasets  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from hs_dataset.backends.hf import TransformersBackend  # noqa: E402
 from hs_dataset.build import STATE_DIR, BuildLockedError, ConfigMismatchError, build  # noqa: E402
 from hs_dataset.builder import HiddenStatesConfig  # noqa: E402
 from hs_dataset.cli import load_preset  # noqa: E402
-from hs_dataset.reader import iter_torch  # noqa: E402
 from hs_dataset.tiny import make_tiny_model_dir  # noqa: E402
+from tests.buildtools import content_hash, load_built as load  # noqa: E402
 
 LAYERS = (0, 1, 2)
 BAD_LINES = [
@@ -122,11 +118,6 @@ BAD_LINES = [
     '{"conversations": [{"from": "gpt", "value": "first"}, {"from": "human", "value": "q"}]}',
     '{"messages": [{"role": "user"}]}',
 ]
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    return str(make_tiny_model_dir(tmp_path_factory.getbasetemp() / "tiny-chatml-0", template="chatml", seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -141,24 +132,6 @@ def config(model: str, **kw) -> HiddenStatesConfig:
                 backend_options={"device": "cpu", "batch_tokens": 2048})
     base.update(kw)
     return HiddenStatesConfig(**base)
-
-
-def load(out: Path) -> datasets.Dataset:
-    """``load_dataset(out)`` with a private cache: datasets keys its cache of a local folder by the
-    folder's name and README metadata (features, row and byte counts), not by the shards' content,
-    so two builds in folders of the same name and size would otherwise read each other's rows."""
-    return datasets.load_dataset(str(out), split="train", cache_dir=tempfile.mkdtemp(prefix="hf-cache-", dir=out.parent))
-
-
-def content_hash(out: Path) -> str:
-    """sha256 over every row of every shard, in order."""
-    h = hashlib.sha256()
-    for row in iter_torch(load(out)):
-        for k in sorted(row):
-            v = row[k]
-            h.update(k.encode())
-            h.update(v.encode() if isinstance(v, str) else v.contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def mixed_source(path: Path, n_good: int = 64) -> Path:
