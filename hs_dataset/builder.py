@@ -191,10 +191,12 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
     def _tokenized(self, start: int, stop: int | None) -> Iterator[TokenizedSample]:
         cfg = self.config
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        vocab = min(len(tokenizer), self.model_info.vocab_size)  # ids the model cannot embed are rejects
         for row in iter_source(cfg.source, start=start, stop=stop, sample_id=cfg.sample_id):
             self.counts.samples_in += 1
             try:
-                yield tokenize_row(row, tokenizer, max_length=cfg.max_length, mask=cfg.mask, truncation=cfg.truncation)
+                yield tokenize_row(row, tokenizer, max_length=cfg.max_length, mask=cfg.mask, truncation=cfg.truncation,
+                                   vocab_size=vocab)
             except SampleError as e:
                 self._reject(Reject(row.sample_id, e.field, e.reason, "tokenize"))
 
@@ -260,6 +262,7 @@ class CaptureStream:
 
     def __init__(self, config: HiddenStatesConfig, backend: CaptureBackend, ranges: list[tuple[int, int]]):
         self.config = config
+        self._vocab_size = backend.info.vocab_size
         self._ranges = list(ranges)
         self._order: deque[int] = deque()  # source row index of every submitted sample, in order
         self._tokenize_rejects: dict[int, Reject] = {}
@@ -269,11 +272,12 @@ class CaptureStream:
     def _tokenized(self) -> Iterator[TokenizedSample]:
         cfg = self.config
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        vocab = min(len(tokenizer), self._vocab_size)
         for start, stop in self._ranges:
             for row in iter_source(cfg.source, start=start, stop=stop, sample_id=cfg.sample_id):
                 try:
                     s = tokenize_row(row, tokenizer, max_length=cfg.max_length, mask=cfg.mask,
-                                     truncation=cfg.truncation)
+                                     truncation=cfg.truncation, vocab_size=vocab)
                 except SampleError as e:
                     self._tokenize_rejects[row.index] = Reject(row.sample_id, e.field, e.reason, "tokenize")
                     continue

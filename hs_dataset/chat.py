@@ -233,18 +233,30 @@ def tokenize_row(
     max_length: int,
     mask: str = "all",
     truncation: str = "truncate",
+    vocab_size: int | None = None,
 ) -> TokenizedSample:
     """:func:`~hs_dataset.sources.parse_row` + :func:`tokenize_conversation`; raw token rows are
-    checked against the vocabulary (``len(tokenizer)``) and the truncation policy instead.
+    checked against the truncation policy instead.
+
+    Every token id must be below ``vocab_size`` (default ``len(tokenizer)``; the builder passes the
+    smaller of that and the model's embedding rows, so an id the model cannot embed is a reject
+    naming the position, not a crash of the whole batch).
     """
     _check_modes(max_length, mask, truncation)
     parsed = parse_row(row)
+    vocab = len(tokenizer) if vocab_size is None else int(vocab_size)
     if isinstance(parsed, Conversation):
-        return tokenize_conversation(parsed, tokenizer, max_length=max_length, mask=mask, truncation=truncation)
-    vocab = len(tokenizer)
-    ids = parsed.input_ids.astype(np.int64)
+        sample = tokenize_conversation(parsed, tokenizer, max_length=max_length, mask=mask, truncation=truncation)
+        _check_vocab(sample.input_ids, vocab)
+        return sample
+    _check_vocab(parsed.input_ids, vocab)
+    return _finish(parsed.sample_id, parsed.input_ids.astype(np.int64), parsed.loss_mask, max_length=max_length,
+                   truncation=truncation)
+
+
+def _check_vocab(ids: np.ndarray, vocab: int) -> None:
+    ids = ids.astype(np.int64, copy=False)
     bad = np.flatnonzero((ids < 0) | (ids >= vocab))
     if bad.size:
         j = int(bad[0])
         raise SampleError(f"input_ids[{j}]", f"token id {int(ids[j])} out of vocabulary of size {vocab}")
-    return _finish(parsed.sample_id, ids, parsed.loss_mask, max_length=max_length, truncation=truncation)

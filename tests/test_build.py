@@ -224,3 +224,23 @@ def test_one_capture_stream_across_parts_gives_the_same_rows_and_rejects(tiny_mo
     assert content_hash(tmp_path / "a") == content_hash(tmp_path / "b")
     parts = sorted((tmp_path / "b" / ".hs_build" / "parts").glob("part-*.json"))
     assert [json.loads(p.read_text())["counts"]["samples_in"] for p in parts] == [4, 4, 4, 2]
+
+
+def test_ids_the_model_cannot_embed_are_rejected_not_crashing_the_batch(tiny_model, tmp_path):
+    """A tokenizer larger than the model's embedding table (a mismatched pair): ids past the
+    model's vocab_size are rejects naming the position, the other samples are written."""
+    from hs_dataset.chat import load_tokenizer
+
+    model = tmp_path / "bigger-tokenizer"
+    shutil.copytree(tiny_model, model)
+    tok = load_tokenizer(model)
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    assert len(tok) == vocab
+    tok.add_tokens(["<|extra|>"])  # the tokenizer now knows id `vocab`, the model has no row for it
+    tok.save_pretrained(model)
+    src = tmp_path / "raw.jsonl"
+    src.write_text(json.dumps({"input_ids": [5, 6, 7]}) + "\n" + json.dumps({"input_ids": [5, vocab, 7]}) + "\n")
+    s = build(config(str(model), source=str(src), max_samples=None), tmp_path / "out", progress=False)
+    assert (s.counts.written, s.counts.rejected) == (1, 1)
+    (r,) = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert r["field"] == "input_ids[1]" and f"vocabulary of size {vocab}" in r["reason"]
