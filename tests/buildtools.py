@@ -9,7 +9,20 @@ from pathlib import Path
 import datasets
 import torch
 
+from hs_dataset.builder import HiddenStatesConfig
 from hs_dataset.reader import iter_torch
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "builder_scripts" / "data" / "demo_conversations.jsonl"
+LAYERS = (0, 1, 2)
+
+
+def config(model: str, **kw) -> HiddenStatesConfig:
+    """A small build of the demo conversations (parts of 4 rows) on the tiny model, CPU."""
+    base = dict(model=model, layers=LAYERS, source=str(DEMO), max_length=256, part_size=4, max_samples=24,
+                backend_options={"device": "cpu", "batch_tokens": 2048})
+    base.update(kw)
+    return HiddenStatesConfig(**base)
 
 
 def load_built(out: Path) -> datasets.Dataset:

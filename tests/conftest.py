@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from hs_dataset.backends.hf import TransformersBackend
 from hs_dataset.tiny import make_tiny_model_dir
+from tests.buildtools import LAYERS
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """A random-weight Llama (4 layers, hidden 64) with a ChatML tokenizer, made once per session."""
     return str(make_tiny_model_dir(tmp_path_factory.getbasetemp() / "tiny-chatml-0", template="chatml", seed=0))
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model):
+    """A started transformers backend for the tiny model, shared by a module's builds."""
+    b = TransformersBackend(tiny_model, LAYERS, device="cpu", batch_tokens=2048)
+    yield b
+    b.close()

@@ -30,26 +30,12 @@ from hs_dataset.builder import HiddenStatesConfig, NonFiniteError
 from hs_dataset.chat import load_tokenizer, tokenize_row
 from hs_dataset.reader import iter_torch
 from hs_dataset.sources import iter_source
-from tests.buildtools import content_hash, load_built as load
+from tests.buildtools import config, content_hash, load_built as load
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "builder_scripts" / "tiny_demo.py"
 DEMO = ROOT / "builder_scripts" / "data" / "demo_conversations.jsonl"
 LAYERS = (0, 1, 2)
-
-
-@pytest.fixture(scope="module")
-def backend(tiny_model):
-    b = TransformersBackend(tiny_model, LAYERS, device="cpu", batch_tokens=2048)
-    yield b
-    b.close()
-
-
-def config(model: str, **kw) -> HiddenStatesConfig:
-    base = dict(model=model, layers=LAYERS, source=str(DEMO), max_length=256, part_size=4, max_samples=24,
-                backend_options={"device": "cpu", "batch_tokens": 2048})
-    base.update(kw)
-    return HiddenStatesConfig(**base)
 
 
 def records(out: Path) -> dict[str, dict]:

@@ -101,12 +101,11 @@ if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--kill-drive
 import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
 
-from hs_dataset.backends.hf import TransformersBackend  # noqa: E402
 from hs_dataset.build import STATE_DIR, BuildLockedError, ConfigMismatchError, build  # noqa: E402
 from hs_dataset.builder import HiddenStatesConfig  # noqa: E402
 from hs_dataset.cli import load_preset  # noqa: E402
 from hs_dataset.tiny import make_tiny_model_dir  # noqa: E402
-from tests.buildtools import content_hash, load_built as load  # noqa: E402
+from tests.buildtools import config, content_hash, load_built as load  # noqa: E402
 
 LAYERS = (0, 1, 2)
 BAD_LINES = [
@@ -118,20 +117,6 @@ BAD_LINES = [
     '{"conversations": [{"from": "gpt", "value": "first"}, {"from": "human", "value": "q"}]}',
     '{"messages": [{"role": "user"}]}',
 ]
-
-
-@pytest.fixture(scope="module")
-def backend(tiny_model):
-    b = TransformersBackend(tiny_model, LAYERS, device="cpu", batch_tokens=2048)
-    yield b
-    b.close()
-
-
-def config(model: str, **kw) -> HiddenStatesConfig:
-    base = dict(model=model, layers=LAYERS, source=str(DEMO), max_length=256, part_size=4, max_samples=24,
-                backend_options={"device": "cpu", "batch_tokens": 2048})
-    base.update(kw)
-    return HiddenStatesConfig(**base)
 
 
 def mixed_source(path: Path, n_good: int = 64) -> Path:
