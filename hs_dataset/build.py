@@ -311,9 +311,6 @@ class _Progress:
         self.bar.set_postfix_str(f"{self.tokens / dt:,.0f} tok/s, {self.bytes / 2**30:.2f} GiB written", refresh=False)
         self.bar.update(1)
 
-    def skip(self, n: int) -> None:
-        self.bar.update(n)
-
     def close(self) -> None:
         self.bar.close()
 

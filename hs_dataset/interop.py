@@ -66,7 +66,6 @@ from .records import CaptureResult, Reject, TokenizedSample
 SPECFORGE_GROUP_SIZE = 2000
 EXPORT_SIDECAR = "hs_dataset_export.json"
 IMPORT_FORMATS = ("specforge", "speculators")
-EXPORT_FORMATS = ("specforge",)
 _LAYER_PREFIX = "hidden_layer_"
 
 

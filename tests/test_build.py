@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import datasets
 import numpy as np
@@ -18,18 +17,13 @@ from hs_dataset.build import ConfigMismatchError, build
 from hs_dataset.builder import HiddenStatesBuilder, HiddenStatesConfig
 from hs_dataset.reader import DrafterCollator, decode_row, iter_torch
 from hs_dataset.records import CaptureResult
-from tests.buildtools import content_hash
-
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "builder_scripts" / "data" / "demo_conversations.jsonl"
-LAYERS = (0, 1, 2)
+from tests import buildtools
+from tests.buildtools import DEMO, LAYERS, ROOT, content_hash
 
 
 def config(model: str, **kw) -> HiddenStatesConfig:
-    base = dict(model=model, layers=LAYERS, source=str(DEMO), max_length=256, part_size=8, max_samples=20,
-                backend_options={"device": "cpu", "batch_tokens": 2048})
-    base.update(kw)
-    return HiddenStatesConfig(**base)
+    """The shared small build, in parts of 8 over the first 20 demo conversations."""
+    return buildtools.config(model, **{"part_size": 8, "max_samples": 20, **kw})
 
 
 class Tap:

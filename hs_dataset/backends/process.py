@@ -67,10 +67,6 @@ class _Timeout(Exception):
     pass
 
 
-class _Closed(Exception):
-    pass
-
-
 def _grow_pipe(fd: int) -> None:
     try:
         import fcntl

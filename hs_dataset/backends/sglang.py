@@ -41,7 +41,6 @@ from ..spool import ENV, MANIFEST, PLUGIN_ERROR, SpoolTimeout, collect
 from .base import BackendError, BackendItem, ModelInfo, check_layers, read_model_info
 
 MIN_SGLANG = "0.5.11"
-TESTED_SGLANG = ("0.5.17",)
 
 
 def _default_spool_parent() -> str | None:
