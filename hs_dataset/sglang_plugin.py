@@ -18,6 +18,10 @@ Hooks (through SGLang's ``HookRegistry``, no SGLang file is copied or forked):
   starts an asynchronous device-to-host copy of our rows into pinned memory on a side stream and
   hands it to a writer thread, so the GPU goes on with the next pass while files are written.
   After TP's all-reduce the states are replicated: other ranks write nothing.
+
+TP rank 0 also keeps running totals in ``plugin-stats.json`` in the spool (passes and rows
+captured, seconds spent in the hook on the scheduler thread, blocked on a full writer queue, and
+writing), so a slow build can tell the engine's cost from its own.
 """
 
 from __future__ import annotations
@@ -27,15 +31,21 @@ import json
 import os
 import queue
 import threading
+import time
 import traceback
 from collections import OrderedDict
 from pathlib import Path
 
-from .spool import ENV, MANIFEST, PLUGIN_ERROR, error_path, request_spans, write_chunk
+from .spool import ENV, MANIFEST, PLUGIN_ERROR, PLUGIN_STATS, error_path, request_spans, write_chunk
 
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 LOGITS_PROCESSOR = "sglang.srt.layers.logits_processor.LogitsProcessor"
+PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
 HOOK_TARGETS = (MODEL_RUNNER + ".load_model", MODEL_RUNNER + ".forward", LOGITS_PROCESSOR + ".forward")
+# Read, not hooked: which TP rank this process is (ModelRunner's own attributes moved between versions).
+PARALLEL_TARGETS = (PARALLEL_STATE + ".get_tensor_model_parallel_rank",
+                    PARALLEL_STATE + ".get_tensor_model_parallel_world_size",
+                    PARALLEL_STATE + ".get_pipeline_model_parallel_world_size")
 MIN_SGLANG = (0, 5, 11)
 
 
@@ -90,7 +100,7 @@ def register() -> None:
         version = tuple(int(x) for x in sglang.__version__.split(".")[:3] if x.isdigit())
         if version < MIN_SGLANG:
             raise ImportError(f"sglang {sglang.__version__} is older than 0.5.11 (no plugin framework)")
-        for t in HOOK_TARGETS:
+        for t in HOOK_TARGETS + PARALLEL_TARGETS:
             _resolve(t)
         S.config = cfg
         HookRegistry.register(MODEL_RUNNER + ".load_model", _after_load_model, HookType.AFTER)
@@ -116,7 +126,8 @@ def _after_load_model(result, runner, *args, **kwargs):
         if not hasattr(model, "capture_aux_hidden_states") or not hasattr(inner, "layers_to_capture"):
             raise RuntimeError(f"{type(model).__name__} has no EAGLE-3 aux hidden-state capture in this SGLang "
                                "version (needs capture_aux_hidden_states and model.layers_to_capture)")
-        if getattr(runner, "pp_size", 1) != 1:
+        tp_rank, tp_size, pp_size = (int(_resolve(t)()) for t in PARALLEL_TARGETS)
+        if pp_size != 1:
             raise RuntimeError("pipeline parallelism is not supported by the hs_dataset capture (use pp_size=1)")
         num_layers = len(inner.layers)
         bad = [k for k in cfg["layers"] if not 0 <= k <= num_layers - 2]
@@ -124,22 +135,28 @@ def _after_load_model(result, runner, *args, **kwargs):
             raise RuntimeError(f"layers {bad} out of range 0..{num_layers - 2}")
         model.capture_aux_hidden_states = True
         inner.layers_to_capture = [k + 1 for k in cfg["layers"]]
-        S.tp_rank = int(getattr(runner, "tp_rank", 0))
-        if S.tp_rank == 0:
+        S.tp_rank = tp_rank
+        if S.tp_rank != 0:  # replicated states: rank 0 writes them; the others only say they are here
+            _atomic_json(Path(cfg["spool"], f"plugin-rank-{tp_rank}.json"), {"pid": os.getpid(), "tp_rank": tp_rank})
+        else:
             import torch
 
             S.side_stream = torch.cuda.Stream()
             S.writer = _Writer(cfg["spool"], cfg.get("writer_queue", 8))
             manifest = {"pid": os.getpid(), "layers": cfg["layers"], "layers_to_capture": inner.layers_to_capture,
                         "model_class": type(model).__name__, "num_layers": num_layers,
-                        "tp_size": int(getattr(runner, "tp_size", 1)), "hidden_size": int(model.config.hidden_size)}
-            tmp = Path(cfg["spool"], "." + MANIFEST)
-            tmp.write_text(json.dumps(manifest))
-            os.replace(tmp, Path(cfg["spool"], MANIFEST))
+                        "tp_rank": tp_rank, "tp_size": tp_size, "hidden_size": int(model.config.hidden_size)}
+            _atomic_json(Path(cfg["spool"], MANIFEST), manifest)
     except BaseException:
         _plugin_error(cfg, traceback.format_exc())
         raise
     return None
+
+
+def _atomic_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
 
 
 def _around_forward(original, runner, forward_batch, *args, **kwargs):
@@ -197,6 +214,7 @@ def _capture(fb, final, aux) -> None:
         todo.append((rid, off, start, n))
     if not todo:
         return
+    t0 = time.perf_counter()
     rows = sum(n for _, _, _, n in todo)
     main = torch.cuda.current_stream()
     # NaN/Inf per position and state, found on the GPU (a few cheap kernels, no sync), so the
@@ -204,20 +222,30 @@ def _capture(fb, final, aux) -> None:
     bad = torch.stack([(~torch.isfinite(st)).any(dim=-1) for st in states])  # [n_states, tokens]
     side = S.side_stream
     side.wait_stream(main)
+    ta = time.perf_counter()
     buf = torch.empty((len(states), rows, H), dtype=torch.bfloat16, pin_memory=True)
     flags = torch.empty((len(states), rows), dtype=torch.bool, pin_memory=True)
+    S.writer.stats["alloc_s"] += time.perf_counter() - ta
     with torch.cuda.stream(side):
         r = 0
         for rid, off, start, n in todo:
             for j, st in enumerate(states):
+                # Every destination is a contiguous slice of pinned memory: a strided one would make
+                # PyTorch copy through a temporary and wait for the GPU, stalling the scheduler here.
                 buf[j, r:r + n].copy_(st[off:off + n], non_blocking=True)
-            flags[:, r:r + n].copy_(bad[:, off:off + n], non_blocking=True)
+                flags[j, r:r + n].copy_(bad[j, off:off + n], non_blocking=True)
             r += n
         done = torch.cuda.Event()
         done.record(side)
     for t in (*states, bad):
         t.record_stream(side)  # keep the GPU memory alive until the copy has run
+    t1 = time.perf_counter()
     S.writer.put((done, buf, flags, todo))
+    st = S.writer.stats
+    st["passes"] += 1
+    st["rows"] += rows
+    st["hook_s"] += time.perf_counter() - t0
+    st["queue_full_s"] += time.perf_counter() - t1
 
 
 class _Writer:
@@ -226,6 +254,13 @@ class _Writer:
     def __init__(self, spool: str, depth: int):
         self.spool = spool
         self.q: queue.Queue = queue.Queue(maxsize=depth)
+        # hook_s: time in the LogitsProcessor hook on the scheduler thread (of it: alloc_s allocating pinned
+        # buffers, queue_full_s blocked on this queue); copy_wait_s: the writer waiting for the device-to-host
+        # copy; write_s: writing spool files.
+        self.stats = {"passes": 0, "rows": 0, "bytes": 0, "hook_s": 0.0, "queue_full_s": 0.0, "alloc_s": 0.0,
+                      "copy_wait_s": 0.0, "write_s": 0.0}
+        self._stats_at = 0.0
+        self._saved: dict | None = None
         self.t = threading.Thread(target=self._run, name="hs_dataset-spool-writer", daemon=True)
         self.t.start()
 
@@ -234,18 +269,39 @@ class _Writer:
 
     def _run(self) -> None:
         while True:
-            done, buf, flags, todo = self.q.get()
             try:
+                done, buf, flags, todo = self.q.get(timeout=0.5)
+            except queue.Empty:
+                self._save_stats(force=True)
+                continue
+            try:
+                t0 = time.perf_counter()
                 done.synchronize()
+                t1 = time.perf_counter()
                 r = 0
                 for rid, _off, start, n in todo:
                     nonfinite = ",".join(str(int(x)) for x in flags[:, r:r + n].sum(dim=1).tolist())
-                    write_chunk(self.spool, rid, start, [buf[j, r:r + n] for j in range(buf.shape[0])],
-                                {"rid": rid, "nonfinite": nonfinite})
+                    self.stats["bytes"] += write_chunk(self.spool, rid, start,
+                                                       [buf[j, r:r + n] for j in range(buf.shape[0])],
+                                                       {"rid": rid, "nonfinite": nonfinite})
                     r += n
+                self.stats["copy_wait_s"] += t1 - t0
+                self.stats["write_s"] += time.perf_counter() - t1
             except BaseException:
                 for rid, _off, _start, _n in todo:
                     try:
                         error_path(self.spool, rid).write_text("spool writer failed:\n" + traceback.format_exc())
                     except OSError:
                         pass
+            self._save_stats()
+
+    def _save_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if (not force and now - self._stats_at < 0.5) or self.stats == self._saved:
+            return
+        self._stats_at = now
+        self._saved = dict(self.stats)
+        try:
+            _atomic_json(Path(self.spool, PLUGIN_STATS), {k: round(v, 4) for k, v in self._saved.items()})
+        except OSError:
+            pass  # statistics only

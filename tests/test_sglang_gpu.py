@@ -90,24 +90,29 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 @pytest.mark.parametrize("chunk", [None, 64], ids=["no-chunking", "chunked-64"])
 @pytest.mark.parametrize("arch", ["llama", "dsv3"])
-def test_parity_with_transformers_backend(models, arch, chunk):
-    check_parity(models, arch, chunk, tp=1)
+def test_parity_with_transformers_backend(models, arch, chunk, tmp_path):
+    be = check_parity(models, arch, chunk, tp=1, spool=tmp_path)
+    assert (be.manifest["tp_rank"], be.manifest["tp_size"]) == (0, 1)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 needs 2 GPUs (device kind nvidia-h200-x2)")
-def test_parity_at_tp2(models):
+def test_parity_at_tp2(models, tmp_path):
     """After TP's all-reduce the states are replicated; only TP rank 0 writes them."""
-    check_parity(models, "llama", None, tp=2)
+    be = check_parity(models, "llama", None, tp=2, spool=tmp_path)
+    assert (be.manifest["tp_rank"], be.manifest["tp_size"]) == (0, 2)
+    assert sorted(p.name for p in Path(be.spool).glob("plugin-rank-*.json")) == ["plugin-rank-1.json"]
+    ranks = {json.loads(p.read_text())["pid"] for p in Path(be.spool).glob("plugin-rank-*.json")}
+    assert be.manifest["pid"] not in ranks  # rank 1 is another process, and it did not take rank 0's role
 
 
-def check_parity(models, arch, chunk, tp):
+def check_parity(models, arch, chunk, tp, spool: Path):
     from hs_dataset.backends.sglang import SGLangBackend
 
     samples = mixed_samples()
     layers = LAYERS[arch]
     t = time.time()
     be = SGLangBackend(models[arch], layers, chunked_prefill_size=chunk, max_inflight=64, tp_size=tp,
-                       engine_args=ENGINE_ARGS)
+                       spool_dir=str(spool), engine_args=ENGINE_ARGS)
     start_s = time.time() - t
     try:
         t = time.time()
@@ -143,6 +148,7 @@ def check_parity(models, arch, chunk, tp):
         assert st["rel_err"] <= 0.02, (name, st)
         if "neighbour_rel_err" in st:
             assert st["rel_err"] <= 0.25 * st["neighbour_rel_err"], (name, st)
+    return be
 
 
 def test_radix_cache_hit_is_reported_not_silently_dropped(models, tmp_path):

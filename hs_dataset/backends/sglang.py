@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..records import CaptureResult, Reject, TokenizedSample
-from ..spool import ENV, MANIFEST, PLUGIN_ERROR, SpoolTimeout, collect
+from ..spool import ENV, MANIFEST, PLUGIN_ERROR, PLUGIN_STATS, SpoolTimeout, collect
 from .base import BackendError, BackendItem, ModelInfo, check_layers, read_model_info
 
 MIN_SGLANG = "0.5.11"
@@ -180,6 +180,13 @@ class SGLangBackend:
         if dead:
             raise BackendError(f"SGLang engine process(es) {[p.pid for p in dead]} died; the build stopped. "
                                "See the SGLang log above; rerun the same command to resume.")
+
+    def plugin_stats(self) -> dict[str, float] | None:
+        """The plugin's running totals (see :mod:`hs_dataset.sglang_plugin`), up to 0.5 s old; None before any."""
+        try:
+            return json.loads(Path(self.spool, PLUGIN_STATS).read_text())
+        except (OSError, ValueError):
+            return None
 
     def versions(self) -> dict[str, str]:
         import torch
