@@ -7,16 +7,19 @@ One run measures, on one machine:
   rhs       SGLang's built-in return_hidden_states (final layer only, JSON) on the same engine A
   capture   hs_dataset SGLang backend: capture + transport, states read back, nothing written
   e2e       hs_dataset build: capture + transport + Arrow shard writing to the output disk
+  write     the same build fed from memory (benchmarks/storage.py's PrecomputedBackend): the
+            ceiling of the shard-writing side on this machine, no GPU involved
 and prints the ratios. Target (issue 3): e2e >= 0.9x plain, or >= 0.9x what the disk allows
 (disk bytes/s / payload bytes per token) when the disk is the slower of the two.
 
     source .gpu/device-setup.sh && pip install --no-deps --no-build-isolation --no-index -e .
-    python benchmarks/sglang_extraction.py --samples 128 --tokens 2048 --json $OUT/bench.json
+    python benchmarks/sglang_extraction.py --samples 256 --tokens 2048 --json $OUT/bench.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -70,12 +73,16 @@ def disk_write_rate(directory: Path, nbytes: int = 4 << 30) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="/tmp/bench-llama-8b")
-    ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--samples", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--rhs-samples", type=int, default=16)
     ap.add_argument("--layers", default="1,15,28")
     ap.add_argument("--work", default="/tmp/hs-bench")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--part-size", type=int, default=8,
+                    help="samples per part of the e2e build: the last part's fsync is not overlapped with capture")
+    ap.add_argument("--warmup", type=int, default=64, help="samples run before each measurement")
+    ap.add_argument("--profile", action="store_true", help="sample the threads' stacks during the builds")
     a = ap.parse_args()
     import sglang as sgl
     import torch
@@ -110,7 +117,7 @@ def main() -> None:
     eng = sgl.Engine(model_path=str(model), skip_tokenizer_init=True, disable_radix_cache=True,
                      enable_return_hidden_states=True, log_level="warning", **ENGINE_ARGS)
     res["engine_start_s"] = round(time.time() - t, 1)
-    eng.generate(input_ids=ids[:8], sampling_params=params)  # warm-up
+    eng.generate(input_ids=ids[:a.warmup], sampling_params=params)  # warm-up
     t = time.time()
     eng.generate(input_ids=ids, sampling_params=params)
     res["plain_tok_s"] = round(total / (time.time() - t))
@@ -129,30 +136,63 @@ def main() -> None:
     samples = [TokenizedSample(f"b{i}", np.asarray(x, dtype=np.int32), np.ones(a.tokens, np.uint8))
                for i, x in enumerate(ids)]
     res["engine_processes_watched"] = len(be._children)
-    list(be.capture(samples[:8]))  # warm-up
+    # The same engine's plain prefill (request ids not ours: the plugin's hooks pass them through).
+    def plain_on_backend_engine(batch: list[list[int]], tag: str) -> None:
+        for f in [be._submit(f"plain-{tag}-{i}", x) for i, x in enumerate(batch)]:
+            f.result()
+
+    plain_on_backend_engine(ids[:a.warmup], "warmup")
+    t = time.time()
+    plain_on_backend_engine(ids, "run")
+    res["plain_plugin_loaded_tok_s"] = round(total / (time.time() - t))
+    list(be.capture(samples[:a.warmup]))  # warm-up (pinned buffers, spool pages)
+
+    def plugin_delta(before: dict | None, seconds: float) -> dict:
+        time.sleep(1.0)  # the plugin rewrites its totals within 0.5 s of going idle
+        after, before = be.plugin_stats() or {}, before or {}
+        d = {k: round(after[k] - before.get(k, 0), 3) for k in after}
+        d["hook_share_of_wall"] = round(d.get("hook_s", 0) / seconds, 4)
+        return d
+
+    time.sleep(1.0)
+    before = be.plugin_stats()
     t = time.time()
     nbytes = 0
     for r in be.capture(samples):
         nbytes += r.states.numel() * 2
     dt = time.time() - t
     res["capture_tok_s"] = round(total / dt)
+    res["capture_plugin"] = plugin_delta(before, dt)
     res["payload_bytes_per_token"] = nbytes // total
     dump()
     src = work / "source.jsonl"
     with open(src, "w") as f:
         for x in ids:
             f.write(json.dumps({"input_ids": x}) + "\n")
-    # The full build, twice: in parts of 1/8 of the samples (the engine's queue drains at every part
-    # boundary) and in one part (no drain); the difference is the part-boundary cost.
-    for tag, part_size in (("e2e", max(a.samples // 8, 1)), ("e2e_one_part", a.samples)):
+    # The full build, twice: in parts of --part-size samples (a part's shards are fsynced while the next
+    # part is captured) and in one part (all of the fsync at the end). Then the writing side alone.
+    from stacks import StackSampler
+    from storage import PrecomputedBackend
+
+    pool = [torch.randn((len(layers) + 1, a.tokens, 4096)).to(torch.bfloat16) for _ in range(2)]
+    mem = PrecomputedBackend(model, layers, pool)
+    for tag, part_size, backend in (("e2e", a.part_size, be), ("e2e_one_part", a.samples, be),
+                                    ("write", a.part_size, mem)):
         cfg = HiddenStatesConfig(model=str(model), layers=layers, source=str(src), max_length=a.tokens,
                                  backend="sglang", part_size=part_size, max_shard_bytes=4 << 30)
+        before = be.plugin_stats()
         t = time.time()
-        s = build(cfg, work / tag, backend=be, progress=False)
+        sampler = StackSampler() if a.profile else None
+        with sampler or contextlib.nullcontext():
+            s = build(cfg, work / tag, backend=backend, progress=False)
         dt = time.time() - t
+        if backend is be:
+            res[f"{tag}_plugin"] = plugin_delta(before, dt)
         res[f"{tag}_tok_s"] = round(s.counts.tokens_written / dt)
         res[f"{tag}_written"] = s.counts.written
         res["e2e_bytes_on_disk_per_token"] = round(s.bytes_written / s.counts.tokens_written, 1)
+        if sampler is not None:
+            res.setdefault("stacks", {})[tag] = sampler.report()
         shutil.rmtree(work / tag, ignore_errors=True)
         dump()
     be.close()
@@ -160,9 +200,11 @@ def main() -> None:
     res["disk_allows_tok_s"] = round(disk_tok_s)
     res["ratios"] = {
         "capture/plain": round(res["capture_tok_s"] / res["plain_tok_s"], 3),
+        "plain_plugin_loaded/plain": round(res["plain_plugin_loaded_tok_s"] / res["plain_tok_s"], 3),
         "e2e/plain": round(res["e2e_tok_s"] / res["plain_tok_s"], 3),
         "e2e/min(plain, disk)": round(res["e2e_tok_s"] / min(res["plain_tok_s"], disk_tok_s), 3),
         "e2e_one_part/plain": round(res["e2e_one_part_tok_s"] / res["plain_tok_s"], 3),
+        "write/plain": round(res["write_tok_s"] / res["plain_tok_s"], 3),
         "e2e/rhs": round(res["e2e_tok_s"] / res["rhs_tok_s"], 2),
         "rhs/plain": round(res["rhs_tok_s"] / res["plain_tok_s"], 3),
     }
