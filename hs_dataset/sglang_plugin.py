@@ -126,6 +126,11 @@ def _after_load_model(result, runner, *args, **kwargs):
         if not hasattr(model, "capture_aux_hidden_states") or not hasattr(inner, "layers_to_capture"):
             raise RuntimeError(f"{type(model).__name__} has no EAGLE-3 aux hidden-state capture in this SGLang "
                                "version (needs capture_aux_hidden_states and model.layers_to_capture)")
+        if getattr(getattr(runner, "server_args", None), "enable_dp_attention", False):
+            # Each DP rank schedules its own requests, but only TP rank 0 writes: the other ranks'
+            # samples would never arrive. Refused rather than left to time out.
+            raise RuntimeError("DP attention (--enable-dp-attention) is not supported by the hs_dataset capture: "
+                               "start the engine without it")
         tp_rank, tp_size, pp_size = (int(_resolve(t)()) for t in PARALLEL_TARGETS)
         if pp_size != 1:
             raise RuntimeError("pipeline parallelism is not supported by the hs_dataset capture (use pp_size=1)")
