@@ -430,10 +430,10 @@ class HubServer:
     @staticmethod
     def resolve(repo: Repo, rev: str) -> tuple[str, str]:
         """-> (commit oid, kind) where kind is 'branch', 'tag', 'pr' or 'commit'."""
-        if rev.startswith("refs/heads/") and rev[len("refs/heads/"):] in repo.branches:
-            return repo.branches[rev[len("refs/heads/"):]], "branch"
-        if rev.startswith("refs/tags/") and rev[len("refs/tags/"):] in repo.tags:
-            return repo.tags[rev[len("refs/tags/"):]], "tag"
+        if rev.startswith("refs/heads/") and rev.removeprefix("refs/heads/") in repo.branches:
+            return repo.branches[rev.removeprefix("refs/heads/")], "branch"
+        if rev.startswith("refs/tags/") and rev.removeprefix("refs/tags/") in repo.tags:
+            return repo.tags[rev.removeprefix("refs/tags/")], "tag"
         m = re.fullmatch(r"refs/pr/(\d+)", rev)
         if m and int(m.group(1)) in repo.prs:
             return repo.prs[int(m.group(1))], "pr"
@@ -872,8 +872,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         hub = self.server_hub
         with hub.lock:
             repo = hub.get_repo(repo_type, repo_id)
-            if tag.startswith("refs/tags/"):
-                tag = tag[len("refs/tags/"):]
+            tag = tag.removeprefix("refs/tags/")
             if tag not in repo.tags:
                 raise HubError(404, f"Invalid rev id: {tag}", "RevisionNotFound")
             del repo.tags[tag]
@@ -901,8 +900,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         hub = self.server_hub
         with hub.lock:
             repo = hub.get_repo(repo_type, repo_id)
-            if branch.startswith("refs/heads/"):
-                branch = branch[len("refs/heads/"):]
+            branch = branch.removeprefix("refs/heads/")
             if branch == "main":
                 raise HubError(403, "Cannot delete the default branch")
             if branch not in repo.branches:
@@ -1118,7 +1116,7 @@ class _HubHandler(BaseHTTPRequestHandler):
             elif kind == "pr":
                 repo.prs[int(rev.rsplit("/", 1)[1])] = commit.oid
             else:
-                branch = rev[len("refs/heads/"):] if rev.startswith("refs/heads/") else rev
+                branch = rev.removeprefix("refs/heads/")
                 repo.branches[branch] = commit.oid
         self._json(200, {"success": True, "commitOid": commit.oid, "commitMessage": summary,
                          "commitUrl": f"{self._repo_url(repo)}/commit/{commit.oid}", "pullRequestUrl": pr_url})
