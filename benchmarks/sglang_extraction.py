@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
 """End-to-end extraction speed through SGLang vs the same engine's plain prefill (run on a GPU).
 
-One run measures, on one machine:
-  disk      sequential write of the output disk (numpy.tofile + fsync)
-  plain     SGLang prefill, max_new_tokens=1, no capture (engine A, hs_dataset plugin inactive)
-  rhs       SGLang's built-in return_hidden_states (final layer only, JSON) on the same engine A
-  capture   hs_dataset SGLang backend: capture + transport, states read back, nothing written
-  e2e       hs_dataset build: capture + transport + Arrow shard writing to the output disk
-  write     the same build fed from memory (benchmarks/storage.py's PrecomputedBackend): the
-            ceiling of the shard-writing side on this machine, no GPU involved
-and prints the ratios. Target (issue 3): e2e >= 0.9x plain, or >= 0.9x what the disk allows
-(disk bytes/s / payload bytes per token) when the disk is the slower of the two.
+One run measures, on one machine and one shape:
+  disk        sequential write of the output disk (numpy.tofile + fsync)
+  plain       SGLang prefill, max_new_tokens=1, no capture (engine A, hs_dataset plugin inactive)
+  rhs         SGLang's built-in return_hidden_states (final layer only, JSON) on engine A (optional)
+  not_ours    the hs_dataset backend's engine (plugin loaded) running requests that are not ours
+  capture     capture + transport: states in the ring, read back as tensors, nothing written
+  build_bf16  hs-dataset build: capture + transport + Arrow shards on the output disk (fsynced)
+  build_fp8   the same with storage_dtype=fp8_e4m3, quantized on the GPU by the plugin
+  write       the bf16 build fed from memory (benchmarks/storage.py's PrecomputedBackend): the
+              shard-writing side alone, no GPU involved
+and prints the ratios. Targets (issue 11): capture >= 0.9x plain; each build >= 0.9x
+min(plain, disk rate / its bytes per token); not_ours >= 0.97x plain; write >= 0.9x disk.
+
+Shapes: ``--shape kimi`` is DeepSeek-V3 at Kimi-K2.5's width (``.gpu/make_kimi_width.py``: hidden
+7168, 6 layers, 3.4B params; layers 1, 3, 4 + final = 57,344 bytes per token); ``--shape llama8b`` an
+8B-shaped Llama (layers 1, 15, 28 + final = 32,768 bytes per token). Random weights, made on the GPU.
 
     source .gpu/device-setup.sh && pip install --no-deps --no-build-isolation --no-index -e .
-    python benchmarks/sglang_extraction.py --samples 256 --tokens 2048 --json $OUT/bench.json
+    python benchmarks/sglang_extraction.py --shape kimi --samples 128 --json $OUT/bench-kimi.json
 """
 
 from __future__ import annotations
@@ -23,13 +29,20 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parent.parent
 ENGINE_ARGS = dict(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
                    disable_cuda_graph=True, mem_fraction_static=0.7)
+SHAPES = {
+    "kimi": {"model": "/tmp/bench-kimi-width", "layers": "1,3,4", "hidden": 7168},
+    "llama8b": {"model": "/tmp/bench-llama-8b", "layers": "1,15,28", "hidden": 4096},
+}
 
 
 def make_8b_llama(path: Path) -> Path:
@@ -55,6 +68,12 @@ def make_8b_llama(path: Path) -> Path:
     return path
 
 
+def make_kimi_width(path: Path) -> Path:
+    if not (path / "config.json").exists():
+        subprocess.run([sys.executable, str(ROOT / ".gpu" / "make_kimi_width.py"), str(path)], check=True)
+    return path
+
+
 def disk_write_rate(directory: Path, nbytes: int = 4 << 30) -> float:
     directory.mkdir(parents=True, exist_ok=True)
     block = np.random.default_rng(0).integers(0, 255, size=64 << 20, dtype=np.uint8)
@@ -72,27 +91,34 @@ def disk_write_rate(directory: Path, nbytes: int = 4 << 30) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="/tmp/bench-llama-8b")
-    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="kimi")
+    ap.add_argument("--model", default=None, help="checkpoint directory (default: made for the shape)")
+    ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--rhs-samples", type=int, default=16)
-    ap.add_argument("--layers", default="1,15,28")
+    ap.add_argument("--rhs-samples", type=int, default=0, help="return_hidden_states samples (0: skip)")
+    ap.add_argument("--layers", default=None)
     ap.add_argument("--work", default="/tmp/hs-bench")
     ap.add_argument("--json", default=None)
     ap.add_argument("--part-size", type=int, default=8,
-                    help="samples per part of the e2e build: the last part's fsync is not overlapped with capture")
-    ap.add_argument("--warmup", type=int, default=64, help="samples run before each measurement")
+                    help="samples per part of the builds: the last part's fsync is not overlapped with capture")
+    ap.add_argument("--max-inflight", type=int, default=64)
+    ap.add_argument("--ring-gib", type=float, default=16.0)
+    ap.add_argument("--warmup", type=int, default=32, help="samples run before each measurement")
     ap.add_argument("--profile", action="store_true", help="sample the threads' stacks during the builds")
     a = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     import sglang as sgl
     import torch
 
     from hs_dataset.backends.sglang import SGLangBackend
     from hs_dataset.build import build
     from hs_dataset.builder import HiddenStatesConfig
+    from hs_dataset.encode import bytes_per_token
     from hs_dataset.records import TokenizedSample
 
-    res: dict = {"samples": a.samples, "tokens_per_sample": a.tokens, "gpu": torch.cuda.get_device_name()}
+    shape = SHAPES[a.shape]
+    res: dict = {"shape": a.shape, "samples": a.samples, "tokens_per_sample": a.tokens,
+                 "gpu": torch.cuda.get_device_name()}
 
     def dump():
         print(json.dumps(res), flush=True)
@@ -102,11 +128,13 @@ def main() -> None:
     work = Path(a.work)
     shutil.rmtree(work, ignore_errors=True)
     t = time.time()
-    model = make_8b_llama(Path(a.model))
+    model = Path(a.model or shape["model"])
+    model = make_8b_llama(model) if a.shape == "llama8b" else make_kimi_width(model)
     res["model_make_s"] = round(time.time() - t, 1)
     res["disk_write_MBps"] = round(disk_write_rate(work) / 1e6)
     dump()
-    layers = tuple(int(x) for x in a.layers.split(","))
+    layers = tuple(int(x) for x in (a.layers or shape["layers"]).split(","))
+    n_states, hidden = len(layers) + 1, shape["hidden"]
     rng = np.random.default_rng(0)
     ids = [rng.integers(3, 1000, size=a.tokens).tolist() for _ in range(a.samples)]
     total = a.samples * a.tokens
@@ -115,37 +143,39 @@ def main() -> None:
     # Engine A: plain prefill and return_hidden_states (no HS_DATASET_CAPTURE: the plugin stays off).
     t = time.time()
     eng = sgl.Engine(model_path=str(model), skip_tokenizer_init=True, disable_radix_cache=True,
-                     enable_return_hidden_states=True, log_level="warning", **ENGINE_ARGS)
+                     enable_return_hidden_states=a.rhs_samples > 0, log_level="warning", **ENGINE_ARGS)
     res["engine_start_s"] = round(time.time() - t, 1)
-    eng.generate(input_ids=ids[:a.warmup], sampling_params=params)  # warm-up
+    eng.generate(input_ids=ids[:a.warmup], sampling_params=params)  # warm-up (kernel compilation)
     t = time.time()
     eng.generate(input_ids=ids, sampling_params=params)
     res["plain_tok_s"] = round(total / (time.time() - t))
     dump()
-    n = a.rhs_samples
-    t = time.time()
-    out = eng.generate(input_ids=ids[:n], sampling_params=params, return_hidden_states=True)
-    res["rhs_tok_s"] = round(n * a.tokens / (time.time() - t))
-    res["rhs_hidden_rows"] = len(out[0]["meta_info"]["hidden_states"][0])
+    if a.rhs_samples:
+        n = a.rhs_samples
+        t = time.time()
+        out = eng.generate(input_ids=ids[:n], sampling_params=params, return_hidden_states=True)
+        res["rhs_tok_s"] = round(n * a.tokens / (time.time() - t))
+        res["rhs_hidden_rows"] = len(out[0]["meta_info"]["hidden_states"][0])
     eng.shutdown()
     del eng
     dump()
 
-    # hs_dataset: capture only, then the full build writing Arrow shards.
-    be = SGLangBackend(str(model), layers, max_inflight=64, engine_args=ENGINE_ARGS)
+    t = time.time()
+    be = SGLangBackend(str(model), layers, max_inflight=a.max_inflight, ring_bytes=int(a.ring_gib * 2**30),
+                       engine_args=ENGINE_ARGS)
+    res["backend_start_s"] = round(time.time() - t, 1)
     samples = [TokenizedSample(f"b{i}", np.asarray(x, dtype=np.int32), np.ones(a.tokens, np.uint8))
                for i, x in enumerate(ids)]
-    res["engine_processes_watched"] = len(be._children)
-    # The same engine's plain prefill (request ids not ours: the plugin's hooks pass them through).
-    def plain_on_backend_engine(batch: list[list[int]], tag: str) -> None:
+
+    def not_ours(batch: list[list[int]], tag: str) -> None:  # request ids the plugin passes through
         for f in [be._submit(f"plain-{tag}-{i}", x) for i, x in enumerate(batch)]:
             f.result()
 
-    plain_on_backend_engine(ids[:a.warmup], "warmup")
+    not_ours(ids[:a.warmup], "warmup")
     t = time.time()
-    plain_on_backend_engine(ids, "run")
-    res["plain_plugin_loaded_tok_s"] = round(total / (time.time() - t))
-    list(be.capture(samples[:a.warmup]))  # warm-up (pinned buffers, spool pages)
+    not_ours(ids, "run")
+    res["not_ours_tok_s"] = round(total / (time.time() - t))
+    dump()
 
     def plugin_delta(before: dict | None, seconds: float) -> dict:
         time.sleep(1.0)  # the plugin rewrites its totals within 0.5 s of going idle
@@ -154,32 +184,34 @@ def main() -> None:
         d["hook_share_of_wall"] = round(d.get("hook_s", 0) / seconds, 4)
         return d
 
+    for enc in ("bfloat16", "fp8_e4m3"):
+        for _ in be.capture(samples[:a.warmup], encoding=enc):  # warm-up: kernels, ring pages
+            pass
     time.sleep(1.0)
     before = be.plugin_stats()
     t = time.time()
     nbytes = 0
     for r in be.capture(samples):
-        nbytes += r.states.numel() * 2
+        nbytes += r.states.numel() * r.states.element_size()
     dt = time.time() - t
     res["capture_tok_s"] = round(total / dt)
+    res["transport_GBps"] = round(nbytes / dt / 1e9, 2)
     res["capture_plugin"] = plugin_delta(before, dt)
-    res["payload_bytes_per_token"] = nbytes // total
     dump()
     src = work / "source.jsonl"
     with open(src, "w") as f:
         for x in ids:
             f.write(json.dumps({"input_ids": x}) + "\n")
-    # The full build, twice: in parts of --part-size samples (a part's shards are fsynced while the next
-    # part is captured) and in one part (all of the fsync at the end). Then the writing side alone.
     from stacks import StackSampler
     from storage import PrecomputedBackend
 
-    pool = [torch.randn((len(layers) + 1, a.tokens, 4096)).to(torch.bfloat16) for _ in range(2)]
+    pool = [torch.randn((n_states, a.tokens, hidden)).to(torch.bfloat16) for _ in range(2)]
     mem = PrecomputedBackend(model, layers, pool)
-    for tag, part_size, backend in (("e2e", a.part_size, be), ("e2e_one_part", a.samples, be),
-                                    ("write", a.part_size, mem)):
+    for tag, dtype, backend in (("build_bf16", "bfloat16", be), ("build_fp8", "fp8_e4m3", be),
+                                ("write", "bfloat16", mem)):
         cfg = HiddenStatesConfig(model=str(model), layers=layers, source=str(src), max_length=a.tokens,
-                                 backend="sglang", part_size=part_size, max_shard_bytes=4 << 30)
+                                 backend="sglang", part_size=a.part_size, max_shard_bytes=4 << 30,
+                                 storage_dtype=dtype)
         before = be.plugin_stats()
         t = time.time()
         sampler = StackSampler() if a.profile else None
@@ -190,24 +222,27 @@ def main() -> None:
             res[f"{tag}_plugin"] = plugin_delta(before, dt)
         res[f"{tag}_tok_s"] = round(s.counts.tokens_written / dt)
         res[f"{tag}_written"] = s.counts.written
-        res["e2e_bytes_on_disk_per_token"] = round(s.bytes_written / s.counts.tokens_written, 1)
+        res[f"{tag}_bytes_on_disk_per_token"] = round(s.bytes_written / s.counts.tokens_written, 1)
         if sampler is not None:
             res.setdefault("stacks", {})[tag] = sampler.report()
         shutil.rmtree(work / tag, ignore_errors=True)
         dump()
     be.close()
-    disk_tok_s = res["disk_write_MBps"] * 1e6 / res["payload_bytes_per_token"]
-    res["disk_allows_tok_s"] = round(disk_tok_s)
+    disk = res["disk_write_MBps"] * 1e6
+    allows = {d: disk / bytes_per_token(n_states, hidden, d) for d in ("bfloat16", "fp8_e4m3")}
+    res["disk_allows_tok_s"] = {d: round(v) for d, v in allows.items()}
+    plain = res["plain_tok_s"]
     res["ratios"] = {
-        "capture/plain": round(res["capture_tok_s"] / res["plain_tok_s"], 3),
-        "plain_plugin_loaded/plain": round(res["plain_plugin_loaded_tok_s"] / res["plain_tok_s"], 3),
-        "e2e/plain": round(res["e2e_tok_s"] / res["plain_tok_s"], 3),
-        "e2e/min(plain, disk)": round(res["e2e_tok_s"] / min(res["plain_tok_s"], disk_tok_s), 3),
-        "e2e_one_part/plain": round(res["e2e_one_part_tok_s"] / res["plain_tok_s"], 3),
-        "write/plain": round(res["write_tok_s"] / res["plain_tok_s"], 3),
-        "e2e/rhs": round(res["e2e_tok_s"] / res["rhs_tok_s"], 2),
-        "rhs/plain": round(res["rhs_tok_s"] / res["plain_tok_s"], 3),
+        "capture/plain": round(res["capture_tok_s"] / plain, 3),
+        "not_ours/plain": round(res["not_ours_tok_s"] / plain, 3),
+        "build_bf16/plain": round(res["build_bf16_tok_s"] / plain, 3),
+        "build_bf16/min(plain,disk)": round(res["build_bf16_tok_s"] / min(plain, allows["bfloat16"]), 3),
+        "build_fp8/min(plain,disk)": round(res["build_fp8_tok_s"] / min(plain, allows["fp8_e4m3"]), 3),
+        "write/disk": round(res["write_tok_s"] / allows["bfloat16"], 3),
     }
+    if a.rhs_samples:
+        res["ratios"]["rhs/plain"] = round(res["rhs_tok_s"] / plain, 3)
+        res["ratios"]["build_bf16/rhs"] = round(res["build_bf16_tok_s"] / res["rhs_tok_s"], 2)
     dump()
 
 

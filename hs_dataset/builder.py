@@ -23,7 +23,7 @@ import pyarrow as pa
 from datasets.builder import Key
 
 from .backends import BackendError, CaptureBackend, check_layers, make_backend, read_model_info
-from .backends.base import BackendItem
+from .backends.base import BackendItem, start_capture
 from .chat import load_tokenizer, tokenize_row
 from .encode import bytes_per_token, check_storage_dtype, encode_row, make_features, state_columns
 from .records import Counts, Reject, SampleError, TokenizedSample
@@ -207,7 +207,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
 
     def _items(self, backend: CaptureBackend, start: int, stop: int | None) -> Iterator[BackendItem]:
         if self._stream is None:
-            yield from backend.capture(self._tokenized(start, stop))
+            yield from start_capture(backend, self._tokenized(start, stop), self.config.storage_dtype)
             return
         if stop is None:
             raise ValueError("a CaptureStream serves parts with a known end")
@@ -266,7 +266,7 @@ class CaptureStream:
         self._ranges = list(ranges)
         self._order: deque[int] = deque()  # source row index of every submitted sample, in order
         self._tokenize_rejects: dict[int, Reject] = {}
-        self._it = backend.capture(self._tokenized())
+        self._it = start_capture(backend, self._tokenized(), config.storage_dtype)
         self._next: tuple[int, BackendItem] | None = None
 
     def _tokenized(self) -> Iterator[TokenizedSample]:

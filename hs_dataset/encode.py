@@ -6,8 +6,10 @@ plus the final state. The logical dtype is recorded in ``hs_dataset.json`` and t
 :mod:`hs_dataset.reader` turns a column back into ``torch.bfloat16`` without copying.
 
 Optional ``fp8_e4m3`` storage keeps one ``uint8`` byte per value (float8 e4m3fn bits) plus a
-per-token float32 scale column ``<column>_scale`` (scale = amax / 448, as in vLLM speculators'
-hidden-state connectors); the reader multiplies back to bf16.
+per-token float32 scale column ``<column>_scale`` (:mod:`hs_dataset.fp8`: scale = amax / 448, as in
+vLLM speculators' hidden-state connectors); the reader multiplies back to bf16. States that arrive
+already quantized (the SGLang plugin does it on the GPU) are stored as they are; bf16 states are
+quantized here with the same function.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import numpy as np
 import torch
 from datasets import Array2D, Features, List, Value
 
+from .fp8 import fp8_dequantize, fp8_quantize
 from .records import CaptureResult, SampleError
 
 STORAGE_DTYPES = ("bfloat16", "fp8_e4m3")
 FINAL_COLUMN = "hidden_final"
-FP8_MAX = 448.0  # largest finite float8 e4m3fn value
 
 
 def layer_column(k: int) -> str:
@@ -80,13 +82,18 @@ def check_finite(result: CaptureResult, columns: list[str]) -> None:
             return
         bad = bad_states[0]
     else:
-        finite = torch.isfinite(result.states).flatten(1).all(dim=1)
+        values = result.states if result.scales is None else result.scales  # fp8 NaN carries into the scale
+        finite = torch.isfinite(values).flatten(1).all(dim=1)
         if bool(finite.all()):
             return
         bad = int((~finite).nonzero()[0, 0])
-    st = result.states[bad]
-    nan, inf = int(torch.isnan(st).sum()), int(torch.isinf(st).sum())
-    raise SampleError(columns[bad], f"non-finite hidden state: {nan} NaN and {inf} Inf values")
+    if result.scales is None:
+        st = result.states[bad]
+        nan, inf = int(torch.isnan(st).sum()), int(torch.isinf(st).sum())
+        what = f"{nan} NaN and {inf} Inf values"
+    else:
+        what = f"{result.nonfinite[bad] if result.nonfinite else '?'} positions with NaN or Inf"
+    raise SampleError(columns[bad], f"non-finite hidden state: {what}")
 
 
 def bf16_bits(t: torch.Tensor) -> np.ndarray:
@@ -98,15 +105,13 @@ def bf16_bits(t: torch.Tensor) -> np.ndarray:
 
 def fp8_encode(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """bf16 ``[T, H]`` -> (float8 e4m3fn bits ``uint8 [T, H]``, per-token scale ``float32 [T]``)."""
-    x = t.float()
-    scale = x.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
-    q = (x / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q.view(torch.uint8).numpy(), scale.numpy()
+    q, scale = fp8_quantize(t)
+    return q.numpy(), scale.numpy()
 
 
 def fp8_decode(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`fp8_encode`: uint8 bits ``[T, H]`` and float32 scales ``[T]`` -> bf16."""
-    return (bits.view(torch.float8_e4m3fn).float() * scale[:, None].float()).to(torch.bfloat16)
+    return fp8_dequantize(bits, scale)
 
 
 def encode_row(result: CaptureResult, storage_dtype: str = "bfloat16", *, check_nonfinite: bool = True) -> dict[str, Any]:
@@ -115,6 +120,8 @@ def encode_row(result: CaptureResult, storage_dtype: str = "bfloat16", *, check_
     cols = state_columns(result.layers)
     if result.states.shape[1] != s.num_tokens:
         raise SampleError(cols[0], f"backend returned {result.states.shape[1]} positions for {s.num_tokens} tokens")
+    if result.encoding != "bfloat16" and result.encoding != storage_dtype:
+        raise ValueError(f"the backend delivered {result.encoding} states for a {storage_dtype} dataset")
     if check_nonfinite:
         check_finite(result, cols)
     row: dict[str, Any] = {
@@ -126,6 +133,8 @@ def encode_row(result: CaptureResult, storage_dtype: str = "bfloat16", *, check_
     for i, c in enumerate(cols):
         if storage_dtype == "bfloat16":
             row[c] = bf16_bits(result.states[i])
+        elif result.scales is not None:  # quantized by the backend: stored as it is, no copy
+            row[c], row[scale_column(c)] = result.states[i].numpy(), result.scales[i].numpy()
         else:
             row[c], row[scale_column(c)] = fp8_encode(result.states[i])
     return row

@@ -15,9 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 
-ROLES = ("system", "user", "assistant")
-
-
 class SampleError(ValueError):
     """One sample cannot be used. ``field`` names the offending field (e.g. ``conversations[2].value``)."""
 
@@ -29,7 +26,7 @@ class SampleError(ValueError):
 
 @dataclass(frozen=True)
 class Message:
-    """One chat turn, normalised: role is one of :data:`ROLES`."""
+    """One chat turn, normalised: role is ``system``, ``user`` or ``assistant``."""
 
     role: str
     content: str
@@ -71,11 +68,14 @@ class TokenizedSample:
 
 @dataclass
 class CaptureResult:
-    """Hidden states of one sample as the backend produced them (CPU, torch.bfloat16).
+    """Hidden states of one sample as the backend produced them (CPU tensors).
 
-    ``states`` is ``[len(layers) + 1, T, H]``: the configured layers in the order of
-    ``layers``, then the final post-norm state. See :mod:`hs_dataset.backends.base` for the layer
-    index convention.
+    ``states`` is ``[len(layers) + 1, T, H]``: the configured layers in the order of ``layers``,
+    then the final post-norm state. See :mod:`hs_dataset.backends.base` for the layer index
+    convention. They are ``torch.bfloat16``, or, when ``scales`` is given, float8 e4m3 bits
+    (``torch.uint8``) with per-token float32 ``scales [len(layers) + 1, T]`` (:mod:`hs_dataset.fp8`;
+    the SGLang plugin quantizes on the GPU). The tensors may view a backend's transport memory
+    (the SGLang ring): it is reused once nothing references them.
     """
 
     sample: TokenizedSample
@@ -84,6 +84,11 @@ class CaptureResult:
     # Per state, how many positions hold NaN/Inf, when the backend already counted them (the SGLang
     # plugin does it on the GPU); None: the encode stage checks on the CPU.
     nonfinite: tuple[int, ...] | None = None
+    scales: torch.Tensor | None = None
+
+    @property
+    def encoding(self) -> str:
+        return "bfloat16" if self.scales is None else "fp8_e4m3"
 
     def layer(self, k: int) -> torch.Tensor:
         return self.states[self.layers.index(k)]

@@ -86,3 +86,50 @@ def make_dsv3(out: str | Path, seed=0) -> Path:
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(d, indent=1))
     return out
+
+
+def make_kimi_k25(out: str | Path, seed=0) -> Path:
+    """Kimi-K2.5 as SGLang loads it, tiny: ``KimiK25ForConditionalGeneration`` (model_type ``kimi_k25``)
+    with the tiny DeepSeek-V3 of :func:`make_dsv3` as ``text_config`` and a one-block MoonViT vision
+    tower; weights under the checkpoint's names (``language_model.*``, ``vision_tower.*``,
+    ``mm_projector.*``). The language-model tensors are exactly :func:`make_dsv3`'s."""
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    text_dir = make_dsv3(out.parent / f".{out.name}-text", seed=seed)
+    text_cfg = json.loads((text_dir / "config.json").read_text())
+    text_cfg.pop("architectures", None)
+    vt, mlp, patch, merge = 64, 128, 14, (2, 2)
+    vision = dict(patch_size=patch, init_pos_emb_height=8, init_pos_emb_width=8, init_pos_emb_time=4,
+                  pos_emb_type="divided_fixed", num_attention_heads=2, num_hidden_layers=1, hidden_size=vt,
+                  intermediate_size=mlp, merge_kernel_size=list(merge), video_attn_type="spatial_temporal",
+                  merge_type="sd2_tpool", mm_projector_type="patchmerger", mm_hidden_size=vt, vt_hidden_size=vt,
+                  projector_hidden_act="gelu", projector_ln_eps=1e-5, text_hidden_size=text_cfg["hidden_size"])
+    cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text_cfg,
+           "vision_config": vision, "media_placeholder_token_id": 31999, "pad_token_id": 0,
+           "torch_dtype": "bfloat16", "dtype": "bfloat16", "tie_word_embeddings": False}
+    torch.manual_seed(seed + 1)
+    bf = torch.bfloat16
+    r = lambda *s: (torch.randn(*s) * 0.02).to(bf)  # noqa: E731
+    sd = {f"language_model.{k}": v for k, v in load_file(str(text_dir / "model.safetensors")).items()}
+    v = "vision_tower."
+    sd.update({v + "patch_embed.proj.weight": r(vt, 3, patch, patch), v + "patch_embed.proj.bias": r(vt),
+               v + "patch_embed.pos_emb.weight": r(8, 8, vt),
+               v + "encoder.final_layernorm.weight": torch.ones(vt, dtype=bf),
+               v + "encoder.final_layernorm.bias": torch.zeros(vt, dtype=bf)})
+    b = v + "encoder.blocks.0."
+    sd.update({b + "norm0.weight": torch.ones(vt, dtype=bf), b + "norm0.bias": torch.zeros(vt, dtype=bf),
+               b + "norm1.weight": torch.ones(vt, dtype=bf), b + "norm1.bias": torch.zeros(vt, dtype=bf),
+               b + "wqkv.weight": r(3 * vt, vt), b + "wqkv.bias": r(3 * vt), b + "wo.weight": r(vt, vt),
+               b + "wo.bias": r(vt), b + "mlp.fc0.weight": r(mlp, vt), b + "mlp.fc0.bias": r(mlp),
+               b + "mlp.fc1.weight": r(vt, mlp), b + "mlp.fc1.bias": r(vt)})
+    m, merged = "mm_projector.", vt * merge[0] * merge[1]
+    sd.update({m + "pre_norm.weight": torch.ones(vt, dtype=bf), m + "pre_norm.bias": torch.zeros(vt, dtype=bf),
+               m + "proj.0.weight": r(merged, merged), m + "proj.0.bias": r(merged),
+               m + "proj.2.weight": r(text_cfg["hidden_size"], merged), m + "proj.2.bias": r(text_cfg["hidden_size"])})
+    os.makedirs(out, exist_ok=True)
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out

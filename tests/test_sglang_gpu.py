@@ -1,5 +1,7 @@
-"""SGLang capture on a real GPU: parity with the transformers backend, chunked prefill, radix cache,
-and a full build. Run on the device (see README, "GPU tests"):
+"""SGLang capture on a real GPU: parity with the transformers backend (Llama, DeepSeek-V3, Kimi-K2.5's
+multimodal wrapper; every layer including the last one before the final norm), chunked prefill, the
+radix cache, fp8 quantized on the GPU, full builds in-process and attached to a launched server.
+Run on the device (see README, "GPU tests"):
 
     source .gpu/device-setup.sh && pip install --no-deps --no-build-isolation --no-index -e . \
         && python -m pytest -m gpu -q tests
@@ -40,7 +42,9 @@ pytestmark = [
 ENGINE_ARGS = dict(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
                    disable_cuda_graph=True, mem_fraction_static=0.3,
                    log_level=os.environ.get("HS_TEST_SGLANG_LOG_LEVEL", "warning"))
-LAYERS = {"llama": (1, 3, 6), "dsv3": (0, 1, 2)}
+LAYERS = {"llama": (1, 3, 7), "dsv3": (0, 1, 3), "kimi": (0, 2, 3)}  # each with L-1: the pre-norm last layer
+ALL_LAYERS = {"llama": range(0, 8), "dsv3": range(0, 4), "kimi": range(0, 4)}
+RING = 256 << 20
 REPORT = Path(os.environ.get("OUT", "/tmp")) / "gpu_parity.json"
 _report: dict = {}
 
@@ -51,10 +55,11 @@ def _dump():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from gpu_models import make_dsv3, make_llama
+    from gpu_models import make_dsv3, make_kimi_k25, make_llama
 
     root = tmp_path_factory.mktemp("models")
-    return {"llama": str(make_llama(root / "tiny-llama")), "dsv3": str(make_dsv3(root / "tiny-dsv3"))}
+    return {"llama": str(make_llama(root / "tiny-llama")), "dsv3": str(make_dsv3(root / "tiny-dsv3")),
+            "kimi": str(make_kimi_k25(root / "tiny-kimi-k25"))}
 
 
 def mixed_samples(n: int = 40, seed: int = 0) -> list[TokenizedSample]:
@@ -74,8 +79,8 @@ def reference(model: str, arch: str, samples) -> list[CaptureResult]:
         from hs_dataset.backends.hf import TransformersBackend
 
         # all layers, to compare each SGLang state with its HF neighbours too
-        be = TransformersBackend(model, range(0, 7 if arch == "llama" else 3), device="cuda", batch_tokens=1)
-        _refs[arch] = list(be.capture(samples))
+        be = TransformersBackend(model, ALL_LAYERS[arch], device="cuda", batch_tokens=1)
+        _refs[arch] = [r for r in be.capture(samples)]
         be.close()
         torch.cuda.empty_cache()
     return _refs[arch]
@@ -91,33 +96,44 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 @pytest.mark.parametrize("chunk", [None, 64], ids=["no-chunking", "chunked-64"])
 @pytest.mark.parametrize("arch", ["llama", "dsv3"])
 def test_parity_with_transformers_backend(models, arch, chunk, tmp_path):
-    be = check_parity(models, arch, chunk, tp=1, spool=tmp_path)
+    be = check_parity(models, arch, chunk, tp=1, ring_dir=tmp_path)
     assert (be.manifest["tp_rank"], be.manifest["tp_size"]) == (0, 1)
+    assert be.manifest["prenorm_last_layer"] is True
+
+
+def test_kimi_k25_wrapper_parity(models, tmp_path):
+    """SGLang loads the tiny Kimi-K2.5 as KimiK25ForConditionalGeneration (MoonViT + projector around a
+    DeepseekV3ForCausalLM); the plugin captures its text model, matching the transformers backend
+    run on the same language-model tensors."""
+    be = check_parity(models, "kimi", 64, tp=1, ring_dir=tmp_path)
+    assert be.manifest["model_class"] == "KimiK25ForConditionalGeneration"
+    assert be.manifest["text_model_class"] in ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 needs 2 GPUs (device kind nvidia-h200-x2)")
 def test_parity_at_tp2(models, tmp_path):
     """After TP's all-reduce the states are replicated; only TP rank 0 writes them."""
-    be = check_parity(models, "llama", None, tp=2, spool=tmp_path)
+    be = check_parity(models, "llama", None, tp=2, ring_dir=tmp_path)
     assert (be.manifest["tp_rank"], be.manifest["tp_size"]) == (0, 2)
-    assert sorted(p.name for p in Path(be.spool).glob("plugin-rank-*.json")) == ["plugin-rank-1.json"]
-    ranks = {json.loads(p.read_text())["pid"] for p in Path(be.spool).glob("plugin-rank-*.json")}
+    assert sorted(be.rank_files) == ["plugin-rank-1.json"]
+    ranks = {json.loads(text)["pid"] for text in be.rank_files.values()}
     assert be.manifest["pid"] not in ranks  # rank 1 is another process, and it did not take rank 0's role
 
 
-def check_parity(models, arch, chunk, tp, spool: Path):
+def check_parity(models, arch, chunk, tp, ring_dir: Path):
     from hs_dataset.backends.sglang import SGLangBackend
 
     samples = mixed_samples()
     layers = LAYERS[arch]
     t = time.time()
     be = SGLangBackend(models[arch], layers, chunked_prefill_size=chunk, max_inflight=64, tp_size=tp,
-                       spool_dir=str(spool), engine_args=ENGINE_ARGS)
+                       ring_dir=str(ring_dir), ring_bytes=RING, engine_args=ENGINE_ARGS)
     start_s = time.time() - t
     try:
         t = time.time()
         got = list(be.capture(samples))  # all 40 requests in flight at once, batched by the scheduler
         capture_s = time.time() - t
+        be.rank_files = {p.name: p.read_text() for p in be.dir.glob("plugin-rank-*.json")}  # gone at close
     finally:
         be.close()
     ref = reference(models[arch], arch, samples)
@@ -156,24 +172,27 @@ def test_radix_cache_hit_is_reported_not_silently_dropped(models, tmp_path):
     cached prefix is not recomputed, and the plugin says so instead of writing a short sample."""
     import sglang as sgl
 
-    from hs_dataset.spool import ENV, collect
+    from hs_dataset.transport import ENV, RequestError, Ring
 
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    os.environ[ENV] = json.dumps({"layers": [1, 3], "spool": str(spool)})
+    ring = Ring.create(tmp_path / "ring", 64 << 20)
+    os.environ[ENV] = json.dumps({"layers": [1, 3], "dir": str(ring.path.parent), "ring": ring.token})
     try:
         eng = sgl.Engine(model_path=models["llama"], skip_tokenizer_init=True, **ENGINE_ARGS)
         ids = list(range(5, 300))
         p = {"max_new_tokens": 1, "temperature": 0.0}
-        eng.generate(input_ids=ids, sampling_params=p, rid="hsds-radix-0")
-        first, _ = collect(spool, "hsds-radix-0", len(ids), timeout=60)
-        eng.generate(input_ids=ids, sampling_params=p, rid="hsds-radix-1")
-        with pytest.raises(RuntimeError, match="radix cache"):
-            collect(spool, "hsds-radix-1", len(ids), timeout=60)
+        first = ring.reserve(len(ids), 3, 512, "bfloat16")
+        eng.generate(input_ids=ids, sampling_params=p, rid=ring.rid(first, "hsds-"))
+        ring.wait(first, timeout=60)
+        again = ring.reserve(len(ids), 3, 512, "bfloat16")
+        eng.generate(input_ids=ids, sampling_params=p, rid=ring.rid(again, "hsds-"))
+        with pytest.raises(RequestError, match="radix cache"):
+            ring.wait(again, timeout=60)
         eng.shutdown()
     finally:
         os.environ.pop(ENV, None)
-    assert first.shape[:2] == (3, len(ids))
+    states, _ = ring.views(first)
+    assert states.shape[:2] == (3, len(ids)) and bool(states.float().abs().sum() > 0)
+    ring.close()
 
 
 def test_build_with_sglang_backend_loads_with_load_dataset(models, tmp_path):
@@ -186,9 +205,9 @@ def test_build_with_sglang_backend_loads_with_load_dataset(models, tmp_path):
 
     make_tiny_tokenizer(models["llama"], template="chatml")
     src = Path(__file__).resolve().parent.parent / "builder_scripts" / "data" / "demo_conversations.jsonl"
-    cfg = HiddenStatesConfig(model=models["llama"], layers=(1, 3, 6), source=str(src), max_length=512,
+    cfg = HiddenStatesConfig(model=models["llama"], layers=(1, 3, 7), source=str(src), max_length=512,
                              backend="sglang", part_size=16,
-                             backend_options={"max_inflight": 32, "engine_args": ENGINE_ARGS})
+                             backend_options={"max_inflight": 32, "ring_bytes": RING, "engine_args": ENGINE_ARGS})
     t = time.time()
     s = build(cfg, tmp_path / "out", progress=False)
     _report["build"] = {"written": s.counts.written, "rejected": s.counts.rejected, "tokens": s.counts.tokens_written,
@@ -223,7 +242,7 @@ def test_nonfinite_states_are_counted_on_the_gpu(models, tmp_path):
     clean = [TokenizedSample(f"ok{i}", rng.integers(10, 31000, size=50).astype(np.int32), np.ones(50, np.uint8))
              for i in range(3)]
     poisoned = TokenizedSample("poisoned", np.array([9, 10, 7, 11, 12], dtype=np.int32), np.ones(5, np.uint8))
-    be = SGLangBackend(str(bad), (1, 3), max_inflight=8, engine_args=ENGINE_ARGS)
+    be = SGLangBackend(str(bad), (1, 3), max_inflight=8, ring_bytes=RING, engine_args=ENGINE_ARGS)
     try:
         got = {r.sample.sample_id: r for r in be.capture(clean + [poisoned])}
     finally:
@@ -235,3 +254,103 @@ def test_nonfinite_states_are_counted_on_the_gpu(models, tmp_path):
     with pytest.raises(SampleError) as e:
         check_finite(got["poisoned"], state_columns((1, 3)))
     assert e.value.field == "hidden_layer_1" and "NaN" in e.value.reason
+
+
+def test_fp8_quantized_on_the_gpu_equals_the_cpu_encoder(models):
+    """The plugin's fp8 (GPU) and the encode stage's (CPU) are one function: same bits, same scales."""
+    from hs_dataset.backends.sglang import SGLangBackend
+    from hs_dataset.fp8 import fp8_quantize
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn((4, 3000, 512), device="cuda", generator=g) * torch.logspace(-3, 3, 3000, device="cuda")[:, None])
+    x = x.to(torch.bfloat16)
+    x[0, :5] = 0  # all-zero tokens take the minimum scale
+    qg, sg = fp8_quantize(x)
+    qc, sc = fp8_quantize(x.cpu())
+    assert torch.equal(qg.cpu(), qc) and torch.equal(sg.cpu(), sc)
+
+    samples = mixed_samples(12, seed=3)
+    be = SGLangBackend(models["llama"], (1, 3), max_inflight=1, ring_bytes=RING, engine_args=ENGINE_ARGS)
+    try:  # one request at a time: the same batches, so the same bf16 states in both runs
+        ref = [fp8_quantize(r.states) + (r.states.clone(),) for r in be.capture(samples)]
+        got = [(r.states.clone(), r.scales.clone(), r.nonfinite) for r in be.capture(samples, encoding="fp8_e4m3")]
+    finally:
+        be.close()
+    same = sum(int((a[0] == b[0]).sum()) for a, b in zip(ref, got)) / sum(a[0].numel() for a in ref)
+    _report["fp8_gpu_vs_cpu"] = {"function_bit_identical": True, "capture_bytes_identical": same}
+    _dump()
+    for (q, sc_, _), (bits, scales, nonfinite) in zip(ref, got):
+        assert bits.dtype == torch.uint8 and scales.dtype == torch.float32 and nonfinite == (0, 0, 0)
+        assert torch.equal(bits, q) and torch.equal(scales, sc_)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_attach_mode_build_equals_the_in_process_build(models, tmp_path):
+    """A build attached to ``python -m sglang.launch_server`` started with the plugin gives the rows of
+    an in-process build: the same ids, tokens and masks, and states within the parity tolerance."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from hs_dataset.build import build
+    from hs_dataset.builder import HiddenStatesConfig
+    from hs_dataset.reader import iter_torch, open_dataset
+    from hs_dataset.tiny import make_tiny_tokenizer
+    from hs_dataset.transport import ENV
+
+    make_tiny_tokenizer(models["llama"], template="chatml")
+    src = Path(__file__).resolve().parent.parent / "builder_scripts" / "data" / "demo_conversations.jsonl"
+    ring_dir = tmp_path / "rings"
+    port = _free_port()
+    env = dict(os.environ, **{ENV: json.dumps({"layers": [1, 3, 7], "dir": str(ring_dir)})})
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", models["llama"], "--port", str(port),
+           "--disable-radix-cache", "--skip-tokenizer-init", "--attention-backend", "triton", "--sampling-backend",
+           "pytorch", "--grammar-backend", "none", "--disable-cuda-graph", "--mem-fraction-static", "0.3",
+           "--log-level", "warning"]
+    server = subprocess.Popen(cmd, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5):
+                    break
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    raise AssertionError(f"sglang.launch_server did not come up (exit {server.poll()})")
+                time.sleep(1)
+        base = dict(model=models["llama"], layers=(1, 3, 7), source=str(src), max_length=512, backend="sglang",
+                    part_size=16)
+        attached = build(HiddenStatesConfig(**base, backend_options={
+            "sglang_url": url, "ring_dir": str(ring_dir), "ring_bytes": RING, "max_inflight": 32}),
+            tmp_path / "attached", progress=False)
+        assert not list(ring_dir.glob("ring-*"))  # the builder removed its ring file
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+    local = build(HiddenStatesConfig(**base, backend_options={"ring_bytes": RING, "max_inflight": 32,
+                                                             "engine_args": ENGINE_ARGS}),
+                  tmp_path / "local", progress=False)
+    assert attached.counts.written == local.counts.written > 0
+    a_rows, l_rows = list(iter_torch(open_dataset(tmp_path / "attached"))), list(iter_torch(open_dataset(tmp_path / "local")))
+    exact = 0
+    for a, b in zip(a_rows, l_rows):
+        assert a["id"] == b["id"] and torch.equal(a["input_ids"], b["input_ids"])
+        assert torch.equal(a["loss_mask"], b["loss_mask"])
+        for c in ("hidden_layer_1", "hidden_layer_3", "hidden_layer_7", "hidden_final"):
+            st = compare(a[c], b[c])
+            assert st["mean_cos"] >= 0.9999, (a["id"], c, st)
+            exact += int(torch.equal(a[c].view(torch.int16), b[c].view(torch.int16)))
+    _report["attach"] = {"rows": len(a_rows), "states_bit_identical": exact, "states": 4 * len(a_rows)}
+    _dump()

@@ -4,11 +4,14 @@ Layer index convention
 ----------------------
 ``layer k`` (0-based) is the **output of decoder layer k**: the residual stream after layer k
 has added its attention and MLP outputs, before any normalisation. In HF transformers terms it
-is ``outputs.hidden_states[k + 1]`` (``hidden_states[0]`` is the embedding output). In SGLang
-terms it is the aux hidden state captured at the input of decoder layer ``k + 1``.
-Valid k: ``0 <= k <= num_layers - 2``. The output of the last decoder layer is only stored after
-the model's final norm, as the ``final`` state (HF ``last_hidden_state``): EAGLE-3 trainers
-apply the frozen ``lm_head`` to it.
+is ``outputs.hidden_states[k + 1]`` for ``k <= num_layers - 2`` (``hidden_states[0]`` is the
+embedding output) and the last decoder layer's own output for ``k = num_layers - 1``. In SGLang
+terms it is the aux hidden state captured at the input of decoder layer ``k + 1``, and for
+``k = num_layers - 1`` the input of the model's final norm (vLLM and speculators store this
+pre-norm state as their "last layer"). Valid k: ``0 <= k <= num_layers - 1``.
+
+Every dataset also stores the ``final`` state: the last decoder layer's output **after** the
+model's final norm (HF ``last_hidden_state``); EAGLE-3 trainers apply the frozen ``lm_head`` to it.
 
 This differs from SGLang's ``set_eagle3_layers_to_capture(ids)``, which adds 1 to every id in
 ``llama.py`` and only when ``ids[0] == 1`` in ``deepseek_v2.py``: hs_dataset never passes ids
@@ -27,7 +30,8 @@ from ..records import CaptureResult, Reject, TokenizedSample
 
 LAYER_CONVENTION = (
     "layer k = output of decoder layer k (0-based), before normalisation = HF "
-    "outputs.hidden_states[k+1]; final = post-norm last hidden state = HF last_hidden_state"
+    "outputs.hidden_states[k+1] (k = L-1: the last layer's output before the final norm); "
+    "final = post-norm last hidden state = HF last_hidden_state"
 )
 
 
@@ -83,12 +87,12 @@ def check_layers(layers: Iterable[int], info: ModelInfo) -> tuple[int, ...]:
         raise ValueError(f"layers {list(out)} contain duplicates")
     if list(out) != sorted(out):
         raise ValueError(f"layers {list(out)} must be in increasing order")
-    bad = [k for k in out if not 0 <= k <= info.num_layers - 2]
+    bad = [k for k in out if not 0 <= k <= info.num_layers - 1]
     if bad:
         raise ValueError(
             f"layers {bad} out of range for {info.architecture} with {info.num_layers} decoder layers: "
-            f"valid ids are 0..{info.num_layers - 2} (layer k = output of decoder layer k; the last "
-            "layer's output is stored post-norm as the final state)"
+            f"valid ids are 0..{info.num_layers - 1} (layer k = output of decoder layer k before the final "
+            "norm; the post-norm final state is always stored as hidden_final)"
         )
     return out
 
@@ -108,6 +112,10 @@ class CaptureBackend(Protocol):
     timing, so grouping samples into calls fixes nothing about the result) is fed one ``capture`` call across
     all parts of a build; others get one call per part, so that a resumed part is batched exactly
     as in an uninterrupted build.
+
+    A backend whose ``encodings`` attribute lists more than ``"bfloat16"`` takes
+    ``capture(samples, encoding=...)`` and delivers states already in that storage encoding (the
+    SGLang backend quantizes fp8 on the GPU); for the others the encode stage converts.
     """
 
     name: str
@@ -123,3 +131,10 @@ class CaptureBackend(Protocol):
 
 class BackendError(RuntimeError):
     """The capture backend as a whole failed; the build stops (and can be resumed)."""
+
+
+def start_capture(backend: CaptureBackend, samples: Iterable[TokenizedSample], storage_dtype: str) -> Iterator[BackendItem]:
+    """``backend.capture(samples)``, asking for ``storage_dtype`` when the backend can deliver it."""
+    if storage_dtype != "bfloat16" and storage_dtype in getattr(backend, "encodings", ()):
+        return backend.capture(samples, encoding=storage_dtype)  # type: ignore[call-arg]
+    return backend.capture(samples)

@@ -2,18 +2,50 @@
 
 Samples are batched by a padded-token budget with **right** padding: under the causal mask a
 real token never attends to a pad that comes after it, so padding changes no state. (Batched
-matrix products can still round differently from one-sample runs; see tests/test_backend_hf.py
-for the tolerance.) The forward hooks keep only the configured layers, never all of them.
+matrix products can still round differently from one-sample runs; tests/test_build.py states the
+tolerance.) The forward hooks keep only the configured layers, never all of them; the hook on the
+last decoder layer gives its output before the final norm (layer ``L-1``).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from typing import Iterable, Iterator
 
 import torch
 
 from ..records import CaptureResult, Reject, TokenizedSample
 from .base import BackendItem, ModelInfo, check_layers, read_model_info
+
+
+# Multimodal wrappers whose text model is a plain causal LM stored under a prefix (read_model_info
+# already reads their text_config): model_type -> (transformers config class of text_config, prefix).
+TEXT_MODEL_WRAPPERS = {"kimi_k25": ("DeepseekV3Config", "language_model.")}
+
+
+def load_language_model(model: str):
+    """``AutoModelForCausalLM`` in bf16 from a local directory; for a multimodal wrapper (Kimi-K2.5)
+    its text model alone, from the same tensors (the vision tower's weights are left out)."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    kw: dict = {"dtype": torch.bfloat16}
+    wrapper = TEXT_MODEL_WRAPPERS.get(cfg.get("model_type", ""))
+    if wrapper is not None:
+        kw["config"] = getattr(transformers, wrapper[0])(**cfg["text_config"])
+        kw["key_mapping"] = {"^" + re.escape(wrapper[1]): ""}
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # no load report, no weight-loading bar inside our own progress
+    transformers.logging.disable_progress_bar()
+    try:
+        return AutoModelForCausalLM.from_pretrained(model, **kw)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        transformers.logging.enable_progress_bar()
 
 
 class TransformersBackend:
@@ -32,14 +64,12 @@ class TransformersBackend:
 
     def __init__(self, model: str, layers: Iterable[int], *, revision: str | None = None,
                  device: str | None = None, batch_tokens: int = 8192, max_batch: int = 64):
-        from transformers import AutoModelForCausalLM
-
         self.info: ModelInfo = read_model_info(model, revision)
         self.layers = check_layers(layers, self.info)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.batch_tokens = int(batch_tokens)
         self.max_batch = int(max_batch)
-        lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
+        lm = load_language_model(model)
         self._model = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
         self._model.to(self.device).eval()
         del lm  # the lm_head is not needed: the final state is taken before it

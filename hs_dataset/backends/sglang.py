@@ -1,51 +1,62 @@
-"""SGLang capture backend: prefill-only requests to a patched SGLang engine, states via the spool.
+"""SGLang capture backend: prefill-only requests to a patched SGLang engine, states through a
+shared-memory ring (:mod:`hs_dataset.transport`).
 
 Two ways to reach SGLang:
 
 * in-process (default): starts ``sglang.Engine`` with ``HS_DATASET_CAPTURE`` set, so the
-  hs_dataset plugin (:mod:`hs_dataset.sglang_plugin`) loads in every scheduler / TP process;
+  hs_dataset plugin (:mod:`hs_dataset.sglang_plugin`) loads in every scheduler / TP process; the
+  ring lives in a private folder ``<ring_dir>/hs_dataset-<id>`` (``ring_dir`` default /dev/shm);
 * attach (``sglang_url=...``): a server already started with the plugin, e.g.::
 
-      HS_DATASET_CAPTURE='{"layers": [3, 31, 59], "spool": "/dev/shm/hs"}' \\
+      HS_DATASET_CAPTURE='{"layers": [3, 31, 59], "dir": "/dev/shm/hs"}' \\
           python -m sglang.launch_server --model-path M --tp 8 --disable-radix-cache --skip-tokenizer-init
 
-  plus ``spool_dir`` naming the same directory (both must reach it).
+  plus ``ring_dir`` naming the same folder (both must reach it: one machine). Several builders can
+  attach to one server at once; each has its own ring file in that folder.
 
-Each sample is one request with ``max_new_tokens=1`` and a request id ``hsds-<run>-<n>``; at
-most ``max_inflight`` are outstanding, and a request's spool files are read and deleted before
-another is submitted in its place, so the spool holds at most ``max_inflight`` samples.
+Each sample is one request with ``max_new_tokens=1`` and a request id naming the ring and the
+request's slot; before it is submitted, its region of the ring is reserved, so at most
+``max_inflight`` requests and at most ``ring_bytes`` of states are in flight. Results are yielded in
+input order as views of the ring (no copy); a region is reused once nothing references them.
 
 The radix cache is disabled in-process: a prefix hit skips computing those positions, so their
-hidden states would not exist. (In attach mode the plugin reports such a hit as an error.)
-Chunked prefill is supported: each chunk arrives as its own file, in order.
+hidden states would not exist. (In attach mode the plugin reports such a hit; the sample is
+rejected.) Chunked prefill is supported: each chunk lands at its rows of the request's region.
+Prefill CUDA graphs are turned off in-process (the plugin refuses them: they would replay passes
+without its hooks); decode graphs are unaffected.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
+import gc
 import json
 import os
 import queue
 import shutil
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from ..compat_sglang import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
 from ..records import CaptureResult, Reject, TokenizedSample
-from ..spool import ENV, MANIFEST, PLUGIN_ERROR, PLUGIN_STATS, SpoolTimeout, collect
+from ..transport import (ENV, MANIFEST, PLUGIN_ERROR, PLUGIN_STATS, Lease, RequestError, Ring, TransportError,
+                         private_dir, remove_stale)
 from .base import BackendError, BackendItem, ModelInfo, check_layers, read_model_info
 
-MIN_SGLANG = "0.5.11"
+__all__ = ["SGLangBackend", "check_sglang_version"]
+
+RID_PREFIX = "hsds-"
+DEFAULT_RING_BYTES = 4 << 30
 
 
-def _default_spool_parent() -> str | None:
+def _default_ring_parent() -> str:
     shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else os.environ.get("TMPDIR", "/tmp")
 
 
 def _engine_processes() -> list:
@@ -68,14 +79,14 @@ def _engine_processes() -> list:
 
 def check_sglang_version() -> str:
     """Return the installed SGLang version; raise a clear error when it has no plugin framework."""
+    need = ".".join(map(str, MIN_SGLANG))
     try:
         import sglang
     except ImportError as e:
-        raise BackendError(f"the sglang backend needs SGLang >= {MIN_SGLANG}: pip install 'hs-dataset[sglang]' ({e})") from None
-    v = tuple(int(x) for x in sglang.__version__.split(".")[:3] if x.isdigit())
-    if v < (0, 5, 11):
-        raise BackendError(f"SGLang {sglang.__version__} is older than {MIN_SGLANG}, which added the plugin framework "
-                           "hs_dataset patches through: upgrade SGLang")
+        raise BackendError(f"the sglang backend needs SGLang >= {need}: pip install 'hs-dataset[sglang]' ({e})") from None
+    if sglang_version_tuple(sglang.__version__) < MIN_SGLANG:
+        raise BackendError(f"SGLang {sglang.__version__} is older than {need}, which added the plugin framework "
+                           f"hs_dataset patches through: upgrade SGLang (tested: {SUPPORTED_SGLANG})")
     return sglang.__version__
 
 
@@ -86,9 +97,11 @@ class SGLangBackend:
         model: local model directory. layers: see :mod:`hs_dataset.backends.base`.
         tp_size: tensor parallel size (in-process engine).
         sglang_url: attach to a running patched server instead of starting one.
-        spool_dir: where the plugin writes states (default: a fresh folder in /dev/shm).
-        max_inflight: requests outstanding at once (bounds the spool).
-        prefetch: results read from the spool ahead of the consumer (bounds memory).
+        ring_dir: in-process: where the private ring folder is made (default /dev/shm); attach:
+            the folder named ``dir`` in the server's ``HS_DATASET_CAPTURE`` (required).
+        ring_bytes: size of the shared-memory ring (default 4 GiB): the states in flight at once.
+        max_inflight: requests outstanding at once.
+        prefetch: results read from the ring ahead of the consumer.
         chunked_prefill_size: passed to SGLang (None: SGLang's default).
         request_timeout: seconds without progress before the build stops with an error.
         engine_args: more ``sglang.Engine`` arguments (e.g. attention_backend, mem_fraction_static).
@@ -96,54 +109,72 @@ class SGLangBackend:
 
     name = "sglang"
     continuous = True  # the engine batches continuously: the build feeds it one stream across parts
+    encodings = ("bfloat16", "fp8_e4m3")  # fp8 is quantized on the GPU by the plugin
 
     def __init__(self, model: str, layers: Iterable[int], *, revision: str | None = None, tp_size: int = 1,
-                 sglang_url: str | None = None, spool_dir: str | None = None, max_inflight: int = 32,
-                 chunked_prefill_size: int | None = None, request_timeout: float = 600.0, prefetch: int = 4,
-                 engine_args: dict[str, Any] | None = None):
+                 sglang_url: str | None = None, ring_dir: str | None = None, ring_bytes: int = DEFAULT_RING_BYTES,
+                 max_inflight: int = 32, chunked_prefill_size: int | None = None, request_timeout: float = 600.0,
+                 prefetch: int = 4, engine_args: dict[str, Any] | None = None):
         self.info: ModelInfo = read_model_info(model, revision)
         self.layers = check_layers(layers, self.info)
         self.max_inflight = int(max_inflight)
         self.prefetch = max(1, int(prefetch))
         self.request_timeout = float(request_timeout)
         self.url = sglang_url.rstrip("/") if sglang_url else None
-        self._own_spool = spool_dir is None
-        if spool_dir is None:
-            if self.url:
-                raise BackendError("attaching to a server (sglang_url) needs spool_dir: the directory named in the "
-                                   "server's HS_DATASET_CAPTURE")
-            spool_dir = tempfile.mkdtemp(prefix="hs_dataset-spool-", dir=_default_spool_parent())
-        self.spool = str(spool_dir)
-        Path(self.spool).mkdir(parents=True, exist_ok=True)
-        self.rid_prefix = f"hsds-{uuid.uuid4().hex[:10]}-"
-        self._seq = 0
         self.engine = None
+        self.ring: Ring | None = None
+        self._dir_lock = -1
         self._loop_thread: threading.Thread | None = None
         self._pool: cf.ThreadPoolExecutor | None = None
         self._children: list = []
         self.sglang_version = "attached" if self.url else check_sglang_version()
         try:
             if self.url:
+                if ring_dir is None:
+                    raise BackendError("attaching to a server (sglang_url) needs ring_dir: the folder named \"dir\" "
+                                       "in the server's HS_DATASET_CAPTURE")
+                self.dir = Path(ring_dir)
+                self.dir.mkdir(parents=True, exist_ok=True)
+                remove_stale(self.dir)
+            else:
+                parent = ring_dir or _default_ring_parent()
+                remove_stale(parent)
+                self.dir, self._dir_lock = private_dir(parent)
+            self.ring = self._make_ring(int(ring_bytes))
+            if self.url:
                 self._pool = cf.ThreadPoolExecutor(max_workers=self.max_inflight, thread_name_prefix="hs_dataset-http")
             else:
                 self._start_engine(model, tp_size, chunked_prefill_size, engine_args or {})
             self._check_manifest()
+            if self.ring.attached_pid:
+                self.ring.unlink()  # both sides have it mapped: from now on a crash leaves no file behind
         except BaseException:
             self.close()
             raise
+
+    def _make_ring(self, nbytes: int) -> Ring:
+        try:
+            return Ring.create(self.dir, nbytes)
+        except TransportError as e:
+            raise BackendError(str(e)) from None
 
     # -- engine -----------------------------------------------------------------------------------
     def _start_engine(self, model: str, tp_size: int, chunked: int | None, extra: dict[str, Any]) -> None:
         import asyncio
 
         import sglang as sgl
+        from sglang.srt.server_args import ServerArgs
 
-        os.environ[ENV] = json.dumps({"layers": list(self.layers), "spool": self.spool, "rid_prefix": "hsds-"})
+        assert self.ring is not None
+        os.environ[ENV] = json.dumps({"layers": list(self.layers), "dir": str(self.dir), "rid_prefix": RID_PREFIX,
+                                      "ring": self.ring.token})
         allowed = os.environ.get("SGLANG_PLUGINS")
         if allowed and "hs_dataset_capture" not in allowed.split(","):
             os.environ["SGLANG_PLUGINS"] = allowed + ",hs_dataset_capture"
         args: dict[str, Any] = dict(model_path=model, tp_size=tp_size, skip_tokenizer_init=True,
                                     disable_radix_cache=True, log_level="warning")
+        if "cuda_graph_backend_prefill" in {f.name for f in dataclasses.fields(ServerArgs)}:
+            args["cuda_graph_backend_prefill"] = "disabled"  # replayed passes would skip the capture hooks
         if chunked is not None:
             args["chunked_prefill_size"] = int(chunked)
         args.update(extra)
@@ -157,22 +188,25 @@ class SGLangBackend:
         self._loop_thread.start()
 
     def _check_manifest(self) -> None:
-        err = Path(self.spool, PLUGIN_ERROR)
+        err = Path(self.dir, PLUGIN_ERROR)
         deadline = time.monotonic() + (60 if self.url else 5)
-        man = Path(self.spool, MANIFEST)
+        man = Path(self.dir, MANIFEST)
         while not man.exists():
             if err.exists():
                 raise BackendError("the hs_dataset SGLang plugin failed in the scheduler:\n" + err.read_text())
             if time.monotonic() > deadline:
                 raise BackendError(
-                    f"the hs_dataset SGLang plugin did not report ready in {self.spool}: is hs_dataset pip-installed "
+                    f"the hs_dataset SGLang plugin did not report ready in {self.dir}: is hs_dataset pip-installed "
                     "in SGLang's environment (entry point sglang.srt.plugins: hs_dataset_capture), SGLANG_PLUGINS "
-                    "allowing it, and (attach mode) the server started with HS_DATASET_CAPTURE naming this spool?")
+                    "allowing it, and (attach mode) the server started with HS_DATASET_CAPTURE naming this ring_dir?")
             time.sleep(0.1)
         m = json.loads(man.read_text())
         if list(m["layers"]) != list(self.layers):
             raise BackendError(f"the SGLang server captures layers {m['layers']}, this build wants {list(self.layers)}: "
                                "restart the server with matching HS_DATASET_CAPTURE")
+        if int(m["hidden_size"]) != self.info.hidden_size:
+            raise BackendError(f"the SGLang server's model has hidden size {m['hidden_size']}, this build's model "
+                               f"{self.info.hidden_size}: attach to a server of the same model")
         self.manifest = m
 
     def _alive(self) -> None:
@@ -184,7 +218,7 @@ class SGLangBackend:
     def plugin_stats(self) -> dict[str, float] | None:
         """The plugin's running totals (see :mod:`hs_dataset.sglang_plugin`), up to 0.5 s old; None before any."""
         try:
-            return json.loads(Path(self.spool, PLUGIN_STATS).read_text())
+            return json.loads(Path(self.dir, PLUGIN_STATS).read_text())
         except (OSError, ValueError):
             return None
 
@@ -218,40 +252,67 @@ class SGLangBackend:
             try:
                 return fut.result(timeout=1.0)
             except cf.TimeoutError:
-                self._alive()
+                if not self.url:
+                    self._alive()
                 if time.monotonic() > deadline:
                     raise BackendError(f"an SGLang request made no progress for {self.request_timeout:.0f}s; "
                                        "the engine hangs. Rerun the same command to resume.") from None
 
-    def capture(self, samples: Iterable[TokenizedSample]) -> Iterator[BackendItem]:
-        """Submit samples (at most ``max_inflight`` outstanding) and yield results in input order.
+    def capture(self, samples: Iterable[TokenizedSample], *, encoding: str = "bfloat16") -> Iterator[BackendItem]:
+        """Submit samples and yield results in input order, states as views of the ring.
 
-        A reader thread waits for each request and reads its spool files while this generator's
-        consumer (the builder) encodes and writes the previous rows: reading (memcpy from
-        /dev/shm), writing shards and the GPU's prefill all overlap.
+        ``encoding``: ``bfloat16`` or ``fp8_e4m3`` (quantized on the GPU; ``CaptureResult.scales``
+        holds the per-token scales). A sample is submitted once its region of the ring is
+        reserved: at most ``max_inflight`` samples and ``ring_bytes`` of states are in flight. A
+        reader thread waits for each request while this generator's consumer (the builder) encodes
+        and writes the previous rows, so the GPU's prefill and the shard writing overlap.
         """
+        if encoding not in self.encodings:
+            raise ValueError(f"encoding {encoding!r}: the sglang backend delivers {', '.join(self.encodings)}")
+        ring = self.ring
+        assert ring is not None
+        n_states, hidden = len(self.layers) + 1, self.info.hidden_size
         it = iter(samples)
         submitted: queue.Queue = queue.Queue()
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
-        reader = threading.Thread(target=self._read_loop, args=(submitted, ready, stop),
-                                  name="hs_dataset-spool-reader", daemon=True)
+        reader = threading.Thread(target=self._read_loop, args=(submitted, ready, stop, encoding),
+                                  name="hs_dataset-ring-reader", daemon=True)
         reader.start()
         inflight = 0
+        waiting: TokenizedSample | None = None  # the next sample, whose region did not fit yet
         exhausted = False
         try:
             while True:
                 while not exhausted and inflight < self.max_inflight:
-                    s = next(it, None)
+                    s = waiting if waiting is not None else next(it, None)
+                    waiting = None
                     if s is None:
                         exhausted = True
                         break
-                    rid = f"{self.rid_prefix}{self._seq}"
-                    self._seq += 1
-                    submitted.put((s, rid, self._submit(rid, s.input_ids.tolist())))
+                    if s.num_tokens == 0:
+                        submitted.put((s, None, Reject(s.sample_id, "input_ids", "no tokens to run", "capture")))
+                    elif not ring.fits(s.num_tokens, n_states, hidden, encoding):
+                        submitted.put((s, None, Reject(
+                            s.sample_id, "input_ids", f"{s.num_tokens} tokens of {n_states} states need more than the "
+                            f"ring's {ring.capacity / 2**30:.2f} GiB: raise backend_options.ring_bytes", "capture")))
+                    else:
+                        lease = ring.reserve(s.num_tokens, n_states, hidden, encoding)
+                        if lease is None:
+                            waiting = s  # the ring is full: hand out results first
+                            break
+                        submitted.put((s, lease, self._submit(ring.rid(lease, RID_PREFIX), s.input_ids.tolist())))
                     inflight += 1
                 if inflight == 0:
-                    return
+                    if waiting is None:
+                        return
+                    gc.collect()  # results kept only by reference cycles
+                    if ring.reclaim() == 0:
+                        raise BackendError(
+                            f"the shared-memory ring ({ring.capacity / 2**30:.2f} GiB) is full of results the "
+                            "consumer still references: drop them (or copy what you keep) before asking for more, "
+                            "or raise backend_options.ring_bytes")
+                    continue
                 item = ready.get()
                 inflight -= 1
                 if isinstance(item, BaseException):
@@ -266,49 +327,66 @@ class SGLangBackend:
                 except queue.Empty:
                     pass
 
-    def _read_loop(self, submitted: queue.Queue, ready: queue.Queue, stop: threading.Event) -> None:
+    def _read_loop(self, submitted: queue.Queue, ready: queue.Queue, stop: threading.Event, encoding: str) -> None:
         while True:
             job = submitted.get()
             if job is None or stop.is_set():
                 while job is not None:  # cancel what was submitted but will not be read
-                    job[2].cancel()
+                    if isinstance(job[2], cf.Future):
+                        job[2].cancel()
+                    if job[1] is not None:
+                        self.ring.abandon(job[1])
                     job = submitted.get()
                 return
             try:
-                item: BackendItem | BaseException = self._finish(*job)
+                s, lease, fut = job
+                item: BackendItem | BaseException = fut if lease is None else self._finish(s, lease, fut)
             except BaseException as e:  # handed to the consumer, which raises it
                 item = e
             ready.put(item)
             if isinstance(item, BaseException):
                 return
 
-    def _finish(self, s: TokenizedSample, rid: str, fut: cf.Future) -> BackendItem:
-        """Wait for one request and read its states from the spool (or say why it is rejected)."""
+    def _finish(self, s: TokenizedSample, lease: Lease, fut: cf.Future) -> BackendItem:
+        """Wait for one request and return views of its states in the ring (or say why it is rejected)."""
+        ring = self.ring
+        assert ring is not None
         try:
             out = self._wait(fut)
         except BackendError:
+            ring.abandon(lease)
             raise
         except urllib.error.HTTPError as e:
+            ring.abandon(lease)
             return Reject(s.sample_id, "input_ids", f"SGLang refused the request: {e.read()[:500]!r}", "capture")
         except (ValueError, RuntimeError) as e:  # request-level errors (e.g. too long for the context)
-            self._alive()
+            ring.abandon(lease)
+            if not self.url:
+                self._alive()
             return Reject(s.sample_id, "input_ids", f"SGLang refused the request: {e}", "capture")
         except Exception as e:
+            ring.abandon(lease)
             raise BackendError(f"SGLang request failed: {type(e).__name__}: {e}") from e
         out = out[0] if isinstance(out, list) else out
         finish = (out.get("meta_info") or {}).get("finish_reason") or {}
         if isinstance(finish, dict) and finish.get("type") == "abort":
+            ring.abandon(lease)
             return Reject(s.sample_id, "input_ids", f"SGLang aborted the request: {finish.get('message')}", "capture")
         try:
-            states, nonfinite = collect(self.spool, rid, s.num_tokens, timeout=self.request_timeout, alive=self._alive)
-        except SpoolTimeout as e:
-            raise BackendError(str(e)) from None
-        except RuntimeError as e:
+            ring.wait(lease, self.request_timeout, None if self.url else self._alive)
+        except RequestError as e:
             return Reject(s.sample_id, "input_ids", str(e), "capture")
-        return CaptureResult(sample=s, layers=self.layers, states=states, nonfinite=nonfinite)
+        except TransportError as e:
+            ring.abandon(lease)
+            raise BackendError(f"{e}. The build stopped; rerun the same command to resume.") from None
+        if ring.attached_pid:
+            ring.unlink()  # attach mode: the server mapped the ring on this first request
+        states, scales = ring.views(lease)
+        return CaptureResult(sample=s, layers=self.layers, states=states, scales=scales,
+                             nonfinite=ring.nonfinite(lease))
 
     def close(self) -> None:
-        """Stop the engine (in-process) and remove the spool files of this run."""
+        """Stop the engine (in-process), then remove the ring and its folder."""
         if self.engine is not None:
             loop = self.engine.loop
             if self._loop_thread is not None:
@@ -323,8 +401,10 @@ class SGLangBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-        if self._own_spool:
-            shutil.rmtree(self.spool, ignore_errors=True)
-        else:
-            for f in Path(self.spool).glob(self.rid_prefix + "*"):
-                f.unlink(missing_ok=True)
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        if self._dir_lock >= 0:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            os.close(self._dir_lock)
+            self._dir_lock = -1

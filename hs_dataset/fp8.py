@@ -1,0 +1,34 @@
+"""The fp8 e4m3 encoding of hidden states, one implementation for the CPU and the GPU.
+
+Each token of each state gets its own scale: ``scale = max(amax, 1e-12) / 448`` (448 is the largest
+finite float8 e4m3fn value, as in vLLM speculators' hidden-state connectors), and the values are
+stored as ``float8_e4m3fn(x / scale)``. The SGLang plugin runs :func:`fp8_quantize` on the GPU (so
+fp8 moves half the bytes over PCIe, through the ring and to disk); the encode stage runs the same
+function on the CPU for backends that deliver bf16. Every step is an IEEE float32 operation with
+round-to-nearest (abs, max, division, the fp8 cast), so both devices give the same bits; the GPU
+test pins it.
+
+Imports nothing but torch: the SGLang plugin loads it in the scheduler process.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["FP8_MAX", "fp8_dequantize", "fp8_quantize"]
+
+FP8_MAX = 448.0  # largest finite float8 e4m3fn value
+_MIN_AMAX = 1e-12  # an all-zero token still gets a finite, non-zero scale
+
+
+def fp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16/float ``[..., H]`` -> (float8 e4m3fn bits as ``uint8 [..., H]``, float32 scales ``[...]``)."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1).clamp(min=_MIN_AMAX) / FP8_MAX
+    q = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(torch.uint8), scale
+
+
+def fp8_dequantize(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`fp8_quantize`: uint8 bits ``[..., H]`` and float32 scales ``[...]`` -> bf16."""
+    return (bits.view(torch.float8_e4m3fn).float() * scale.unsqueeze(-1).float()).to(torch.bfloat16)
