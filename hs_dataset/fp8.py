@@ -1,12 +1,14 @@
 """The fp8 e4m3 encoding of hidden states, one implementation for the CPU and the GPU.
 
-Each token of each state gets its own scale: ``scale = max(amax, 1e-12) / 448`` (448 is the largest
-finite float8 e4m3fn value, as in vLLM speculators' hidden-state connectors), and the values are
-stored as ``float8_e4m3fn(x / scale)``. The SGLang plugin runs :func:`fp8_quantize` on the GPU (so
-fp8 moves half the bytes over PCIe, through the ring and to disk); the encode stage runs the same
-function on the CPU for backends that deliver bf16. Every step is an IEEE float32 operation with
-round-to-nearest (abs, max, division, the fp8 cast), so both devices give the same bits; the GPU
-test pins it.
+Each token of each state gets its own scale: ``scale = max(amax, 1e-12) * (1/448)`` (448 is the
+largest finite float8 e4m3fn value, as in vLLM speculators' hidden-state connectors), and the values
+are stored as ``float8_e4m3fn(x / scale)``. The SGLang plugin runs :func:`fp8_quantize` on the GPU
+(so fp8 moves half the bytes over PCIe, through the ring and to disk); the encode stage runs the
+same function on the CPU for backends that deliver bf16. Every step is an IEEE float32 operation
+with round-to-nearest (abs, max, a multiplication by the float32 constant 1/448, a tensor division,
+the fp8 cast), so both devices give the same bits; the GPU test pins it. (A division by the Python
+scalar 448 would not: PyTorch's CUDA kernel turns it into a multiplication by its reciprocal, the
+CPU kernel divides.)
 
 Imports nothing but torch: the SGLang plugin loads it in the scheduler process.
 """
@@ -18,13 +20,14 @@ import torch
 __all__ = ["FP8_MAX", "fp8_dequantize", "fp8_quantize"]
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
+_INV_FP8_MAX = 1.0 / FP8_MAX
 _MIN_AMAX = 1e-12  # an all-zero token still gets a finite, non-zero scale
 
 
 def fp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16/float ``[..., H]`` -> (float8 e4m3fn bits as ``uint8 [..., H]``, float32 scales ``[...]``)."""
     xf = x.float()
-    scale = xf.abs().amax(dim=-1).clamp(min=_MIN_AMAX) / FP8_MAX
+    scale = xf.abs().amax(dim=-1).clamp(min=_MIN_AMAX) * _INV_FP8_MAX
     q = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.view(torch.uint8), scale
 

@@ -269,7 +269,9 @@ def _ring(token: str) -> RingWriter:
         err = torch.cuda.cudart().cudaHostRegister(w.bytes.data_ptr(), w.bytes.numel(), 0)
         if int(getattr(err, "value", err)) != 0:
             w.close()
-            raise TransportError(f"cudaHostRegister of the ring {w.path} failed: {err}")
+            raise TransportError(f"cudaHostRegister of the ring {w.path} failed (CUDA error "
+                                 f"{int(getattr(err, 'value', err))}): the ring must be on a memory file system "
+                                 "(tmpfs, e.g. /dev/shm)")
         S.rings[token] = w
         return w
 

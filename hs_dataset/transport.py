@@ -416,8 +416,10 @@ class Ring:
         for fp8, its float32 scales ``[n, T]``, as views of the ring: the region is reused once
         neither these nor anything made from them (numpy arrays, Arrow buffers) is referenced."""
         i = lease.info
-        base = torch.frombuffer(self._mm, dtype=torch.uint8, offset=self.data_offset + lease.offset,
-                                count=lease.nbytes)
+        a = self.data_offset + lease.offset
+        # Through a memoryview: the tensor keeps it, and it keeps the mapping exported, so close()
+        # cannot unmap the ring under a live view (torch.frombuffer alone keeps no buffer export).
+        base = torch.frombuffer(memoryview(self._mm)[a:a + lease.nbytes], dtype=torch.uint8)
         if i.encoding == ENCODINGS["bfloat16"]:
             states, scales = base.view(torch.bfloat16).view(i.n_states, i.num_tokens, i.hidden), None
         else:
@@ -450,6 +452,7 @@ class Ring:
             self._mm.close()
         except BufferError:
             pass  # views still exist: the mapping goes with the last of them
+        self._mm = None  # type: ignore[assignment]
         if self._fd >= 0:
             os.close(self._fd)  # releases the lock
             self._fd = -1
@@ -545,6 +548,26 @@ class RingWriter:
         except BufferError:
             pass
         os.close(self._fd)
+
+
+MEMORY_FS = ("tmpfs", "hugetlbfs", "ramfs")
+
+
+def file_system_type(path: str | os.PathLike) -> str | None:
+    """The type of the file system holding ``path`` (Linux ``/proc/self/mounts``; None elsewhere)."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    target, best, kind = os.path.realpath(path), "", None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
 
 
 def remove_stale(directory: str | os.PathLike) -> list[str]:

@@ -132,4 +132,7 @@ def make_kimi_k25(out: str | Path, seed=0) -> Path:
     os.makedirs(out, exist_ok=True)
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    from hs_dataset.tiny import make_tiny_tokenizer
+
+    make_tiny_tokenizer(out, template="chatml")  # SGLang wants a processing class for a multimodal model
     return out

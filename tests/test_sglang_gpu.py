@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +46,11 @@ ENGINE_ARGS = dict(attention_backend="triton", sampling_backend="pytorch", gramm
 LAYERS = {"llama": (1, 3, 7), "dsv3": (0, 1, 3), "kimi": (0, 2, 3)}  # each with L-1: the pre-norm last layer
 ALL_LAYERS = {"llama": range(0, 8), "dsv3": range(0, 4), "kimi": range(0, 4)}
 RING = 256 << 20
+
+
+def shm_dir() -> Path:
+    """A fresh folder in /dev/shm: the ring must be on a memory file system."""
+    return Path(tempfile.mkdtemp(prefix="hs-test-", dir="/dev/shm"))
 REPORT = Path(os.environ.get("OUT", "/tmp")) / "gpu_parity.json"
 _report: dict = {}
 
@@ -96,7 +102,7 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 @pytest.mark.parametrize("chunk", [None, 64], ids=["no-chunking", "chunked-64"])
 @pytest.mark.parametrize("arch", ["llama", "dsv3"])
 def test_parity_with_transformers_backend(models, arch, chunk, tmp_path):
-    be = check_parity(models, arch, chunk, tp=1, ring_dir=tmp_path)
+    be = check_parity(models, arch, chunk, tp=1)
     assert (be.manifest["tp_rank"], be.manifest["tp_size"]) == (0, 1)
     assert be.manifest["prenorm_last_layer"] is True
 
@@ -105,7 +111,7 @@ def test_kimi_k25_wrapper_parity(models, tmp_path):
     """SGLang loads the tiny Kimi-K2.5 as KimiK25ForConditionalGeneration (MoonViT + projector around a
     DeepseekV3ForCausalLM); the plugin captures its text model, matching the transformers backend
     run on the same language-model tensors."""
-    be = check_parity(models, "kimi", 64, tp=1, ring_dir=tmp_path)
+    be = check_parity(models, "kimi", 64, tp=1)
     assert be.manifest["model_class"] == "KimiK25ForConditionalGeneration"
     assert be.manifest["text_model_class"] in ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 
@@ -113,21 +119,21 @@ def test_kimi_k25_wrapper_parity(models, tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 needs 2 GPUs (device kind nvidia-h200-x2)")
 def test_parity_at_tp2(models, tmp_path):
     """After TP's all-reduce the states are replicated; only TP rank 0 writes them."""
-    be = check_parity(models, "llama", None, tp=2, ring_dir=tmp_path)
+    be = check_parity(models, "llama", None, tp=2)
     assert (be.manifest["tp_rank"], be.manifest["tp_size"]) == (0, 2)
     assert sorted(be.rank_files) == ["plugin-rank-1.json"]
     ranks = {json.loads(text)["pid"] for text in be.rank_files.values()}
     assert be.manifest["pid"] not in ranks  # rank 1 is another process, and it did not take rank 0's role
 
 
-def check_parity(models, arch, chunk, tp, ring_dir: Path):
+def check_parity(models, arch, chunk, tp):
     from hs_dataset.backends.sglang import SGLangBackend
 
     samples = mixed_samples()
     layers = LAYERS[arch]
     t = time.time()
     be = SGLangBackend(models[arch], layers, chunked_prefill_size=chunk, max_inflight=64, tp_size=tp,
-                       ring_dir=str(ring_dir), ring_bytes=RING, engine_args=ENGINE_ARGS)
+                       ring_bytes=RING, engine_args=ENGINE_ARGS)
     start_s = time.time() - t
     try:
         t = time.time()
@@ -174,7 +180,7 @@ def test_radix_cache_hit_is_reported_not_silently_dropped(models, tmp_path):
 
     from hs_dataset.transport import ENV, RequestError, Ring
 
-    ring = Ring.create(tmp_path / "ring", 64 << 20)
+    ring = Ring.create(shm_dir(), 64 << 20)
     os.environ[ENV] = json.dumps({"layers": [1, 3], "dir": str(ring.path.parent), "ring": ring.token})
     try:
         eng = sgl.Engine(model_path=models["llama"], skip_tokenizer_init=True, **ENGINE_ARGS)
@@ -267,6 +273,9 @@ def test_fp8_quantized_on_the_gpu_equals_the_cpu_encoder(models):
     x[0, :5] = 0  # all-zero tokens take the minimum scale
     qg, sg = fp8_quantize(x)
     qc, sc = fp8_quantize(x.cpu())
+    _report["fp8_function"] = {"bits_differ": int((qg.cpu() != qc).sum()), "scales_differ": int((sg.cpu() != sc).sum()),
+                               "values": qc.numel()}
+    _dump()
     assert torch.equal(qg.cpu(), qc) and torch.equal(sg.cpu(), sc)
 
     samples = mixed_samples(12, seed=3)
@@ -308,7 +317,7 @@ def test_attach_mode_build_equals_the_in_process_build(models, tmp_path):
 
     make_tiny_tokenizer(models["llama"], template="chatml")
     src = Path(__file__).resolve().parent.parent / "builder_scripts" / "data" / "demo_conversations.jsonl"
-    ring_dir = tmp_path / "rings"
+    ring_dir = shm_dir()
     port = _free_port()
     env = dict(os.environ, **{ENV: json.dumps({"layers": [1, 3, 7], "dir": str(ring_dir)})})
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", models["llama"], "--port", str(port),

@@ -205,3 +205,16 @@ def test_request_ids_and_spans():
     spans = request_spans(rids, [5, 3, 4, 2], [0, 0, 128, 0], "hsds-")
     # rows: a0 0..5, other 5..8 (skipped), a2 8..12 (a chunk starting at position 128), a3 12..14
     assert spans == [("hsds-a-0", 0, 0, 5), ("hsds-a-2", 8, 128, 4), ("hsds-a-3", 12, 0, 2)]
+
+
+def test_views_outlive_the_ring(tmp_path):
+    """Closing the ring (the backend closing) never unmaps memory a result still views."""
+    ring = Ring.create(tmp_path, 1 << 20)
+    le = ring.reserve(10, N_STATES, H, "bfloat16")
+    p = start_producer(ring, [(le.seq, 0, 10)])
+    p.join(60)
+    ring.wait(le, timeout=30)
+    states, _ = ring.views(le)
+    ring.close()
+    assert not list(tmp_path.iterdir())
+    assert torch.equal(states.view(torch.int16), states_of(le.seq, 10).view(torch.int16))

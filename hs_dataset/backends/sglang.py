@@ -44,8 +44,8 @@ from typing import Any, Iterable, Iterator
 
 from ..compat_sglang import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
 from ..records import CaptureResult, Reject, TokenizedSample
-from ..transport import (ENV, MANIFEST, PLUGIN_ERROR, PLUGIN_STATS, Lease, RequestError, Ring, TransportError,
-                         private_dir, remove_stale)
+from ..transport import (ENV, MANIFEST, MEMORY_FS, PLUGIN_ERROR, PLUGIN_STATS, Lease, RequestError, Ring,
+                         TransportError, file_system_type, private_dir, remove_stale)
 from .base import BackendError, BackendItem, ModelInfo, check_layers, read_model_info
 
 __all__ = ["SGLangBackend", "check_sglang_version"]
@@ -153,6 +153,10 @@ class SGLangBackend:
             raise
 
     def _make_ring(self, nbytes: int) -> Ring:
+        kind = file_system_type(self.dir)
+        if kind is not None and kind not in MEMORY_FS:
+            raise BackendError(f"backend_options.ring_dir {self.dir} is on {kind}: the shared-memory ring must be on a "
+                               "memory file system (tmpfs, e.g. /dev/shm), which the GPU can write to directly")
         try:
             return Ring.create(self.dir, nbytes)
         except TransportError as e:
