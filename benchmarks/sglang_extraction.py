@@ -111,8 +111,8 @@ def main() -> None:
     import torch
 
     from hs_dataset.backends.sglang import SGLangBackend
-    from hs_dataset.build import build
-    from hs_dataset.builder import HiddenStatesConfig
+    from hs_dataset.shard_writer import build
+    from hs_dataset.dataset_builder import HiddenStatesConfig
     from hs_dataset.encode import bytes_per_token
     from hs_dataset.records import TokenizedSample
 

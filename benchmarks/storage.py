@@ -7,7 +7,7 @@
 
 Every figure is a ratio against a raw baseline measured in the same run on the same disk:
 
-* WRITE: ``hs_dataset.build.build`` (HiddenStatesBuilder -> ``datasets``' ArrowWriter / ParquetWriter,
+* WRITE: ``hs_dataset.shard_writer.build`` (HiddenStatesBuilder -> ``datasets``' ArrowWriter / ParquetWriter,
   the real path) fed by an in-file capture backend that yields precomputed random bf16 states,
   against ``numpy.tofile`` of the same bytes. Both include ``fsync`` of the files.
 * READ into torch bf16 training batches: ``open_dataset`` / ``load_dataset(streaming=True)`` +
@@ -270,8 +270,8 @@ class Bench:
 
     def build(self, out: Path, **overrides) -> tuple[float, float, Any]:
         """(seconds from the first sample request to synced shards, total seconds, summary)."""
-        from hs_dataset.build import build
-        from hs_dataset.builder import HiddenStatesConfig
+        from hs_dataset.shard_writer import build
+        from hs_dataset.dataset_builder import HiddenStatesConfig
 
         shutil.rmtree(out, ignore_errors=True)
         cfg = dict(model=str(self.model), layers=self.layers, source=str(self.source), max_length=self.shape.tokens,
@@ -445,8 +445,8 @@ def child_build(args: argparse.Namespace) -> None:
     source = make_source(work / f"source-{shape.samples}.jsonl", shape.samples, shape.tokens)
     layers = shape.layers()
     pool = make_states(shape)
-    from hs_dataset.build import build
-    from hs_dataset.builder import HiddenStatesConfig
+    from hs_dataset.shard_writer import build
+    from hs_dataset.dataset_builder import HiddenStatesConfig
 
     rss_before = peak_rss_kib()
     out = work / f"mem-{shape.samples}"

@@ -1,3 +1,31 @@
-"""hs_dataset: versioned HuggingFace datasets of LLM hidden states for EAGLE-3 drafter training."""
+"""hs_dataset: versioned Hugging Face datasets of LLM hidden states for EAGLE-3 drafter training.
 
-__version__ = "0.1.0"
+The entry points, imported lazily (``import hs_dataset`` pulls in neither torch nor SGLang):
+
+* :func:`build` (:mod:`hs_dataset.shard_writer`) and :class:`HiddenStatesConfig`: build or resume a dataset;
+* :func:`push_dataset` / :func:`list_versions` (:mod:`hs_dataset.publish`): publish versions to the Hub;
+* :func:`open_dataset`, :func:`iter_torch`, :class:`DrafterCollator` (:mod:`hs_dataset.reader`): read for training;
+* :func:`export_specforge`, :func:`import_dataset` (:mod:`hs_dataset.interop`): move data to and from other tools.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"
+
+_EXPORTS = {
+    "build": "shard_writer", "BuildSummary": "shard_writer", "HiddenStatesConfig": "config",
+    "push_dataset": "publish", "list_versions": "publish",
+    "open_dataset": "reader", "iter_torch": "reader", "decode_row": "reader", "DrafterCollator": "reader",
+    "export_specforge": "interop", "import_dataset": "interop",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'hs_dataset' has no attribute {name!r}")

@@ -1,9 +1,11 @@
-"""Dataset card (README.md) rendering for published hidden-state datasets.
+"""README.md rendering: the YAML front matter that makes plain ``load_dataset`` work, and the card.
 
-``render_card(metadata, extra)`` keeps the YAML header the build wrote (its ``configs:`` block is
-what makes a plain ``load_dataset(repo)`` find the shards, ``dataset_info:`` carries the features)
-byte for byte, and replaces the body with provenance read from ``hs_dataset.json`` plus the
-publication history. The body comes from ``cards/dataset_card.md`` (a :class:`string.Template`).
+One renderer for both uses: :func:`render_readme` writes a build's README.md (front matter from
+:func:`readme_header` + the card of the local build); :func:`render_card` renders the card of a
+published version, keeping the front matter the build wrote byte for byte (its ``configs:`` block is
+what makes ``load_dataset(repo)`` find the shards, ``dataset_info:`` carries the features) and
+adding the publication history. The body comes from ``cards/dataset_card.md`` (a
+:class:`string.Template`) filled with provenance read from ``hs_dataset.json``.
 
 The history is also embedded as a JSON HTML comment (invisible on the Hub), so the next push can
 carry it forward: see :func:`parse_history`.
@@ -17,6 +19,12 @@ import re
 import string
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from .layout import FINAL_COLUMN, layer_column
+
+__all__ = ["parse_history", "readme_header", "render_card", "render_readme", "split_readme"]
 
 TEMPLATE_ENV = "HS_DATASET_CARD_TEMPLATE"
 # cards/dataset_card.md in a checkout; the same file (a symlink, copied into wheels) when installed.
@@ -34,17 +42,36 @@ def split_readme(readme: str) -> tuple[str, str]:
     return match.group(0), readme[match.end():]
 
 
-def default_yaml_header() -> str:
-    """Header used when the build's README has none: enough for ``load_dataset`` to find the data."""
-    return (
-        "---\n"
-        "configs:\n"
-        "- config_name: default\n"
-        "  data_files:\n"
-        "  - split: train\n"
-        "    path: data/train-*.arrow\n"
-        "---\n"
-    )
+def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format: str) -> str:
+    """The README front matter that lets plain ``load_dataset(dir_or_repo)`` load the shards: ``configs:``,
+    and ``dataset_info:`` (features, split size) when ``metadata`` (a build's ``hs_dataset.json``)
+    names the model and layers."""
+    front: dict[str, Any] = {
+        "configs": [{"config_name": "default",
+                     "data_files": [{"split": "train", "path": f"data/train-*.{file_format}"}]}],
+    }
+    model = metadata.get("model") or {}
+    if "hidden_size" in model and "layers" in metadata:
+        import datasets
+
+        from .encode import make_features
+
+        features = make_features(tuple(metadata["layers"]), int(model["hidden_size"]),
+                                 metadata.get("storage_dtype", "bfloat16"))
+        info = datasets.DatasetInfo(features=features)
+        info.splits = datasets.SplitDict()
+        info.splits.add(datasets.SplitInfo(name="train", num_bytes=num_bytes, num_examples=num_examples))
+        front["dataset_info"] = info._to_yaml_dict()
+    front["tags"] = ["hidden-states", "eagle3", "speculative-decoding"]
+    return "---\n" + yaml.safe_dump(front, sort_keys=False) + "---\n"
+
+
+def render_readme(metadata: dict, output_dir: str) -> str:
+    """A finished build's README.md: front matter + the card of the local (unpublished) build."""
+    counts = metadata.get("counts") or {}
+    fmt = (metadata.get("config") or {}).get("file_format", "arrow")
+    header = readme_header(metadata, int(counts.get("written", 0)), int(metadata.get("bytes", 0)), fmt)
+    return render_card(metadata, {"readme": header, "local_dir": output_dir})
 
 
 def parse_history(readme: str) -> list[dict]:
@@ -92,18 +119,26 @@ def decode_snippet(storage_dtype: str, column: str) -> str:
             f'bits = np.asarray(ds[0]["{column}"], dtype=np.uint16)  # [tokens, hidden] bfloat16 bit patterns\n'
             "hidden = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)"
         )
-    if storage_dtype == "float16":
-        return (
-            "import numpy as np\n"
-            f'hidden = np.asarray(ds[0]["{column}"], dtype=np.uint16).view(np.float16)  # [tokens, hidden]'
-        )
-    if storage_dtype in ("float32", "float64"):
-        return f'import numpy as np\nhidden = np.asarray(ds[0]["{column}"], dtype=np.{storage_dtype})  # [tokens, hidden]'
-    # scaled / packed encodings (e.g. float8 + per-token scale): use the project's decoder
+    # fp8 e4m3 + a per-token scale: use the project's decoder
     return (
         "from hs_dataset.reader import decode_row\n"
-        "row = decode_row(ds.with_format('arrow')[0])  # dict of torch tensors"
+        "row = decode_row(ds.with_format('arrow')[0])  # dict of torch tensors, states in bf16"
     )
+
+
+def load_snippet(repo_id: str | None, version: str, local_dir: str | None) -> str:
+    """How to load this version (published) or this build (local)."""
+    if repo_id is None:
+        where = local_dir or "<build directory>"
+        return ("## Load this build\n\n```python\nfrom hs_dataset.reader import open_dataset\n\n"
+                f'ds = open_dataset("{_code(where)}")  # memory-maps the shards in place\n```\n\n'
+                "Publish it as a version with `hs-dataset push DIR org/name --version v1.0`.")
+    return ("## Load a pinned version\n\n```python\nfrom datasets import load_dataset\n\n"
+            f'ds = load_dataset("{_code(repo_id)}", revision="{_code(version)}", split="train")\n'
+            "# or stream it, without downloading every shard first\n"
+            f'ds = load_dataset("{_code(repo_id)}", revision="{_code(version)}", split="train", streaming=True)\n```\n\n'
+            "Each published version is a git tag of this repository; `main` holds the newest version.\n"
+            "Pin a `revision` for training runs that must be reproducible.")
 
 
 def _history_table(history: list[dict], tags: dict[str, str], current_version: str) -> str:
@@ -137,7 +172,9 @@ def render_card(metadata: dict, extra: dict) -> str:
     """
     header, _ = split_readme(extra.get("readme") or "")
     if not header:
-        header = default_yaml_header()
+        counts = metadata.get("counts") or {}
+        header = readme_header(metadata, int(counts.get("written", 0)), int(metadata.get("bytes", 0)),
+                               (metadata.get("config") or {}).get("file_format", "arrow"))
     if not header.endswith("\n"):
         header += "\n"
     template_text = extra.get("template")
@@ -155,10 +192,10 @@ def render_card(metadata: dict, extra: dict) -> str:
     backend = metadata.get("backend") or {}
     layers = metadata.get("layers") or []
     columns = metadata.get("columns") or []
-    hidden_columns = [c for c in columns if "hidden" in str(c)] or [f"hidden_layer_{layer}" for layer in layers]
+    hidden_columns = [c for c in columns if "hidden" in str(c)] or [layer_column(k) for k in layers] + [FINAL_COLUMN]
     storage_dtype = str(metadata.get("storage_dtype") or "bfloat16")
-    version = str(extra.get("version") or "unversioned")
-    repo_id = str(extra.get("repo_id") or "<repo_id>")
+    version = str(extra.get("version") or "unpublished")
+    repo_id = str(extra.get("repo_id") or extra.get("local_dir") or "local build")
     history = list(extra.get("history") or [])
     tags = dict(extra.get("tags") or {})
     build_command = extra.get("build_command") or metadata.get("build_command") or "n/a"
@@ -180,6 +217,7 @@ def render_card(metadata: dict, extra: dict) -> str:
 
     values = {
         "title": _cell(extra.get("title") or f"{repo_id} ({version})"),
+        "load_section": load_snippet(extra.get("repo_id"), version, extra.get("local_dir")),
         "repo_id": _code(repo_id),
         "version": _code(version),
         "model_path": _code(model.get("path")),

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .layout import DATA_DIR, META_FILE
+
 
 def parse_value(text: str) -> Any:
     """``--set`` values are JSON when they parse as JSON (numbers, lists, null, true), else strings."""
@@ -70,8 +72,8 @@ class _SetField(argparse.Action):
 
 
 def cmd_build(a: argparse.Namespace) -> int:
-    from .build import build
-    from .builder import HiddenStatesConfig
+    from .shard_writer import build
+    from .dataset_builder import HiddenStatesConfig
 
     config = HiddenStatesConfig(**load_preset(a.script, a.set))
     command = "hs-dataset " + " ".join(shlex.quote(x) for x in sys.argv[1:])
@@ -96,11 +98,11 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     import pyarrow as pa
 
     out = Path(a.dir)
-    meta_path = out / "hs_dataset.json"
+    meta_path = out / META_FILE
     if not meta_path.exists():
-        raise SystemExit(f"{out} is not a finished hs_dataset build (no hs_dataset.json)")
+        raise SystemExit(f"{out} is not a finished hs_dataset build (no {META_FILE})")
     meta = json.loads(meta_path.read_text())
-    files = sorted((out / "data").glob("train-*"))
+    files = sorted((out / DATA_DIR).glob("train-*"))
     print(f"dataset:   {out}")
     print(f"model:     {meta['model']['architecture']} ({meta['model']['path']}), hidden {meta['model']['hidden_size']}, "
           f"{meta['model']['num_layers']} layers")

@@ -20,25 +20,13 @@ import numpy as np
 import torch
 from datasets import Array2D, Features, List, Value
 
+from .errors import SampleError
 from .fp8 import fp8_dequantize, fp8_quantize
-from .records import CaptureResult, SampleError
+from .layout import FINAL_COLUMN, STORAGE_DTYPES, layer_column, scale_column, state_columns
+from .records import CaptureResult
 
-STORAGE_DTYPES = ("bfloat16", "fp8_e4m3")
-FINAL_COLUMN = "hidden_final"
-
-
-def layer_column(k: int) -> str:
-    """Column name of captured layer ``k``."""
-    return f"hidden_layer_{k}"
-
-
-def state_columns(layers: tuple[int, ...]) -> list[str]:
-    """Hidden-state column names in storage order: the layers, then the final state."""
-    return [layer_column(k) for k in layers] + [FINAL_COLUMN]
-
-
-def scale_column(column: str) -> str:
-    return f"{column}_scale"
+__all__ = ["FINAL_COLUMN", "STORAGE_DTYPES", "bf16_bits", "bytes_per_token", "check_finite", "check_storage_dtype",
+           "encode_row", "fp8_decode", "fp8_encode", "layer_column", "make_features", "scale_column", "state_columns"]
 
 
 def check_storage_dtype(storage_dtype: str) -> str:

@@ -38,7 +38,7 @@ hidden-states KV connector writes, ``src/speculators/train/data.py`` reads)
     (``*.pt``: ``input_ids``, ``loss_mask``, ``hidden_states`` = list of ``[T, H]``, last = final)
     is read too.
 
-Imports go through :func:`hs_dataset.build.build` with a capture backend that reads the source
+Imports go through :func:`hs_dataset.shard_writer.build` with a capture backend that reads the source
 files, so the rows, shards, ``hs_dataset.json``, ``README.md`` and ``rejects.jsonl`` are written
 by the same code as a normal build (and the import is resumable). ``layers`` are given in
 hs_dataset's convention (see :mod:`hs_dataset.backends.base`).
@@ -60,17 +60,13 @@ import numpy as np
 import torch
 
 from .backends.base import ModelInfo, check_layers, read_model_info
-from .encode import FINAL_COLUMN
+from .layout import FINAL_COLUMN, META_FILE, STATE_DIR, layer_of
+from .errors import InteropError
 from .records import CaptureResult, Reject, TokenizedSample
 
 SPECFORGE_GROUP_SIZE = 2000
 EXPORT_SIDECAR = "hs_dataset_export.json"
 IMPORT_FORMATS = ("specforge", "speculators")
-_LAYER_PREFIX = "hidden_layer_"
-
-
-class InteropError(ValueError):
-    """The source is not in the expected layout, or does not match the model / layers given."""
 
 
 def default_layers(num_layers: int) -> tuple[int, ...]:
@@ -100,7 +96,7 @@ def specforge_file(out: str | os.PathLike, index: int, group_size: int = SPECFOR
 
 def specforge_record(row: dict[str, Any]) -> dict[str, torch.Tensor]:
     """One decoded row (:func:`hs_dataset.reader.decode_row`) as SpecForge's per-sample dict."""
-    layer_cols = sorted((c for c in row if c.startswith(_LAYER_PREFIX)), key=lambda c: int(c[len(_LAYER_PREFIX):]))
+    layer_cols = sorted((c for c in row if layer_of(c) is not None), key=layer_of)
     return {
         "input_ids": row["input_ids"].to(torch.long),
         "loss_mask": row["loss_mask"].to(torch.long),
@@ -117,7 +113,7 @@ def export_specforge(src: str | os.PathLike, out: str | os.PathLike, *, group_si
     records the sample ids, layers (hs_dataset convention), model and source, so that
     :func:`import_dataset` restores the ids and layers. fp8-stored datasets are decoded to bf16.
     """
-    from .build import META_FILE, atomic_write
+    from .resume import atomic_write
     from .reader import iter_torch, open_dataset
 
     t0 = time.time()
@@ -361,6 +357,8 @@ class FileCaptureBackend:
     def __init__(self, fmt: str, info: ModelInfo, layers: tuple[int, ...], files: list[SourceFile],
                  read: Callable[[SourceFile], ImportedSample], source_name: str):
         self.name = f"import-{fmt}"
+        self.continuous = False
+        self.encodings = ("bfloat16",)
         self.info = info
         self.layers = tuple(layers)
         self._files = files
@@ -414,8 +412,8 @@ def import_dataset(src: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     ``hs-dataset export``. ``layers``: the captured layers in hs_dataset's convention; default:
     the ones recorded by ``hs-dataset export``, else :func:`default_layers` (the two tools' default).
     """
-    from .build import STATE_DIR, build
-    from .builder import HiddenStatesConfig
+    from .shard_writer import build
+    from .dataset_builder import HiddenStatesConfig
     from .encode import check_storage_dtype
 
     if fmt not in IMPORT_FORMATS:

@@ -49,31 +49,20 @@ from huggingface_hub.errors import EntryNotFoundError, RevisionNotFoundError
 from huggingface_hub.hf_api import RepoFile
 
 from .card import parse_history, render_card
+from .errors import NotABuildError, PublishError, VersionExistsError
+from .layout import DATA_DIR, META_FILE, README_FILE, STATE_DIR
+
 
 logger = logging.getLogger(__name__)
 
 REPO_TYPE = "dataset"
 WORK_BRANCH_PREFIX = "hs-dataset/"
-METADATA_FILE = "hs_dataset.json"
-README_FILE = "README.md"
-EXCLUDED_DIRS = (".hs_build", ".git", ".cache")
+EXCLUDED_DIRS = (STATE_DIR, ".git", ".cache")
 KEEP_REMOTE = (".gitattributes",)  # repository files a version never deletes
 REGULAR_MAX_SIZE = 10 * 1024 * 1024  # the Hub stores anything >= 10 MiB with LFS
 _TOKEN_LIKE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
 _SECRET_ARG = re.compile(r"(?i)((?<![\w-])(?:--)?(?:hf[_-])?token[= ]|HF_TOKEN=|HUGGING_FACE_HUB_TOKEN=)(\S+)")
 MAX_FILES_PER_FOLDER = 10_000  # Hub limit
-
-
-class PublishError(RuntimeError):
-    """The push cannot proceed (bad local build, repository state, verification failure...)."""
-
-
-class NotABuildError(PublishError):
-    """The local directory is not a finished build."""
-
-
-class VersionExistsError(PublishError):
-    """The version tag already exists and ``force`` was not given."""
 
 
 @dataclass
@@ -177,19 +166,19 @@ def read_build(local_dir: str | os.PathLike) -> tuple[Path, dict, str]:
     root = Path(local_dir)
     if not root.is_dir():
         raise NotABuildError(f"{root} is not a directory")
-    missing = [name for name in (METADATA_FILE, README_FILE) if not (root / name).is_file()]
+    missing = [name for name in (META_FILE, README_FILE) if not (root / name).is_file()]
     if missing:
         raise NotABuildError(
             f"{root} is not a finished hs_dataset build: missing {', '.join(missing)} "
             "(run or resume the build until it completes before publishing)"
         )
     try:
-        metadata = json.loads((root / METADATA_FILE).read_text(encoding="utf-8"))
+        metadata = json.loads((root / META_FILE).read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise NotABuildError(f"{root / METADATA_FILE} is not valid JSON: {exc}") from None
+        raise NotABuildError(f"{root / META_FILE} is not valid JSON: {exc}") from None
     if not isinstance(metadata, dict):
-        raise NotABuildError(f"{root / METADATA_FILE} must hold a JSON object")
-    data_dir = root / "data"
+        raise NotABuildError(f"{root / META_FILE} must hold a JSON object")
+    data_dir = root / DATA_DIR
     if not data_dir.is_dir() or not any(p.is_file() for p in data_dir.rglob("*")):
         raise NotABuildError(f"{root} is not a finished hs_dataset build: no data files under data/")
     return root, metadata, (root / README_FILE).read_text(encoding="utf-8")
@@ -467,7 +456,7 @@ def list_versions(repo_id: str, token: str | None = None, *, endpoint: str | Non
     refs = api.list_repo_refs(repo_id, repo_type=REPO_TYPE)
     out = []
     for tag in sorted(refs.tags, key=lambda t: version_key(t.name)):
-        text = _read_remote_text(api, repo_id, METADATA_FILE, tag.target_commit)
+        text = _read_remote_text(api, repo_id, META_FILE, tag.target_commit)
         metadata = None
         if text is not None:
             try:

@@ -32,9 +32,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .encode import FINAL_COLUMN, fp8_decode, scale_column
-
-LAYER_PREFIX = "hidden_layer_"
+from .encode import fp8_decode
+from .layout import DATA_DIR, FINAL_COLUMN, layer_of, scale_column
 
 
 def _chunk_and_index(col: pa.ChunkedArray | pa.Array, i: int) -> tuple[pa.Array, int]:
@@ -86,8 +85,7 @@ def decode_state(table: pa.Table, column: str, i: int = 0) -> torch.Tensor:
 
 def state_columns_of(table: pa.Table) -> list[str]:
     """Hidden-state columns of a table: the layers in ascending order, then the final state."""
-    layers = sorted((c for c in table.column_names if c.startswith(LAYER_PREFIX) and not c.endswith("_scale")),
-                    key=lambda c: int(c[len(LAYER_PREFIX):]))
+    layers = sorted((c for c in table.column_names if layer_of(c) is not None), key=layer_of)
     return layers + ([FINAL_COLUMN] if FINAL_COLUMN in table.column_names else [])
 
 
@@ -120,11 +118,11 @@ def open_dataset(path: str | os.PathLike):
     import datasets
 
     root = Path(path)
-    files = sorted((root / "data").glob("train-*.arrow"))
+    files = sorted((root / DATA_DIR).glob("train-*.arrow"))
     if files:
         parts = [datasets.Dataset.from_file(str(f)) for f in files]
         return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    if sorted((root / "data").glob("train-*.parquet")):
+    if sorted((root / DATA_DIR).glob("train-*.parquet")):
         return datasets.load_dataset(str(root), split="train")
     raise FileNotFoundError(f"{root} holds no data/train-*.arrow or data/train-*.parquet shards")
 
@@ -290,8 +288,7 @@ class DrafterCollator:
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not samples:
             raise ValueError("DrafterCollator got an empty batch")
-        layer_cols = [c for c in samples[0] if c.startswith(LAYER_PREFIX)]
-        layer_cols.sort(key=lambda c: int(c[len(LAYER_PREFIX):]))
+        layer_cols = sorted((c for c in samples[0] if layer_of(c) is not None), key=layer_of)
         lens = [min(int(s["input_ids"].shape[0]), self.max_length or 1 << 62) for s in samples]
         B, T = len(samples), max(lens)
         H = samples[0][FINAL_COLUMN].shape[-1]

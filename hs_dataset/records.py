@@ -15,14 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-class SampleError(ValueError):
-    """One sample cannot be used. ``field`` names the offending field (e.g. ``conversations[2].value``)."""
+from .errors import SampleError
 
-    def __init__(self, field: str, reason: str):
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
-
+__all__ = ["CaptureResult", "Conversation", "Counts", "Message", "Reject", "SampleError", "SourceRow",
+           "TokenizedSample"]
 
 @dataclass(frozen=True)
 class Message:

@@ -54,6 +54,8 @@ from typing import Callable
 
 import torch
 
+from .errors import RequestError, TransportError
+
 __all__ = [
     "ENCODINGS", "ENV", "MANIFEST", "PLUGIN_ERROR", "PLUGIN_STATS", "Lease", "RequestError", "Ring",
     "RingWriter", "SlotInfo", "TransportError", "parse_rid", "remove_stale", "request_spans",
@@ -86,14 +88,6 @@ _S_MESSAGE = 128
 _FREE, _RESERVED, _FAILED = 0, 1, 2
 STALE_AFTER_S = 30.0  # no producer heartbeat for this long: the producer is gone (it beats every 0.5 s)
 POLL_MAX_S = 0.002  # longest sleep between looks at a slot
-
-
-class TransportError(RuntimeError):
-    """The ring as a whole failed (no space, the other side died, a corrupt ring): the build stops."""
-
-
-class RequestError(TransportError):
-    """One request cannot be captured (e.g. a radix-cache hit); its sample is rejected with this reason."""
 
 
 def _get(buf, field: tuple[int, str], base: int = 0):

@@ -9,7 +9,7 @@ from pathlib import Path
 import datasets
 import torch
 
-from hs_dataset.builder import HiddenStatesConfig
+from hs_dataset.dataset_builder import HiddenStatesConfig
 from hs_dataset.reader import iter_torch
 
 ROOT = Path(__file__).resolve().parent.parent

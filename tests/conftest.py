@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hs_dataset.backends.hf import TransformersBackend
+from hs_dataset.backends.transformers import TransformersBackend
 from hs_dataset.tiny import make_tiny_model_dir
 from tests.buildtools import LAYERS
 

@@ -231,8 +231,8 @@ def build_with_real_builder(out_dir: str | os.PathLike, *, max_samples: int = 12
     import pytest
 
     try:
-        from hs_dataset.build import build
-        from hs_dataset.builder import HiddenStatesConfig
+        from hs_dataset.shard_writer import build
+        from hs_dataset.dataset_builder import HiddenStatesConfig
         from hs_dataset.tiny import make_tiny_model_dir
     except Exception as exc:  # pragma: no cover - depends on the builder being present
         pytest.skip(f"real builder not available: {exc}")

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from hs_dataset.backends.hf import TransformersBackend
-from hs_dataset.build import ConfigMismatchError, build
-from hs_dataset.builder import HiddenStatesBuilder, HiddenStatesConfig
+from hs_dataset.backends.transformers import TransformersBackend
+from hs_dataset.shard_writer import ConfigMismatchError, build
+from hs_dataset.dataset_builder import HiddenStatesBuilder, HiddenStatesConfig
 from hs_dataset.reader import DrafterCollator, decode_row, iter_torch
 from hs_dataset.records import CaptureResult
 from tests import buildtools
@@ -87,11 +87,12 @@ def test_batched_capture_equals_one_sample_at_a_time(tiny_model):
     values bit-identical, and every difference within 2^-5 of the token's largest magnitude
     (a flipped bf16 rounding step, 2^-8 relative, amplified through at most 4 layers; measured
     max 0.016)."""
-    from hs_dataset.chat import load_tokenizer, tokenize_row
+    from hs_dataset.conversations import parse_row
+    from hs_dataset.tokenize_mask import load_tokenizer, tokenize_sample
     from hs_dataset.sources import iter_source
 
     tok = load_tokenizer(tiny_model)
-    samples = [tokenize_row(r, tok, max_length=256) for r in iter_source(str(DEMO), stop=12)]
+    samples = [tokenize_sample(parse_row(r), tok, max_length=256) for r in iter_source(str(DEMO), stop=12)]
     assert len({s.num_tokens for s in samples}) > 3  # mixed lengths, so batches are padded
     batched = list(TransformersBackend(tiny_model, LAYERS, device="cpu", batch_tokens=1 << 20).capture(samples))
     single = list(TransformersBackend(tiny_model, LAYERS, device="cpu", batch_tokens=1).capture(samples))
@@ -223,7 +224,7 @@ def test_one_capture_stream_across_parts_gives_the_same_rows_and_rejects(tiny_mo
 def test_ids_the_model_cannot_embed_are_rejected_not_crashing_the_batch(tiny_model, tmp_path):
     """A tokenizer larger than the model's embedding table (a mismatched pair): ids past the
     model's vocab_size are rejects naming the position, the other samples are written."""
-    from hs_dataset.chat import load_tokenizer
+    from hs_dataset.tokenize_mask import load_tokenizer
 
     model = tmp_path / "bigger-tokenizer"
     shutil.copytree(tiny_model, model)

@@ -24,10 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hs_dataset.backends import BackendError, make_backend
-from hs_dataset.backends.hf import TransformersBackend
-from hs_dataset.build import STATE_DIR, ConfigMismatchError, OutputWriteError, build
-from hs_dataset.builder import HiddenStatesConfig, NonFiniteError
-from hs_dataset.chat import load_tokenizer, tokenize_row
+from hs_dataset.backends.transformers import TransformersBackend
+from hs_dataset.shard_writer import STATE_DIR, ConfigMismatchError, OutputWriteError, build
+from hs_dataset.dataset_builder import HiddenStatesConfig, NonFiniteError
+from hs_dataset.conversations import parse_row
+from hs_dataset.tokenize_mask import load_tokenizer, tokenize_sample
 from hs_dataset.reader import iter_torch
 from hs_dataset.sources import iter_source
 from tests.buildtools import config, content_hash, load_built as load
@@ -85,7 +86,7 @@ def poisoned(tiny_model, tmp_path_factory):
     from safetensors.torch import load_file, save_file
 
     tok = load_tokenizer(tiny_model)
-    samples = [tokenize_row(r, tok, max_length=256) for r in iter_source(str(DEMO), stop=24)]
+    samples = [tokenize_sample(parse_row(r), tok, max_length=256) for r in iter_source(str(DEMO), stop=24)]
     where: dict[int, set[str]] = {}
     for s in samples:
         for t in set(s.input_ids.tolist()):
@@ -337,7 +338,7 @@ def test_file_size_limit_stops_cleanly_and_resumes(tiny_model, tmp_path):
     r = subprocess.run(_cli(out, tiny_model), capture_output=True, text=True, timeout=300, preexec_fn=limited)
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("hs_dataset.build.OutputWriteError: cannot write")
+    assert last.startswith("hs_dataset.errors.OutputWriteError: cannot write")
     assert str(out) in last and "File too large" in last and "run the same command again" in last
     assert assert_clean_stop(out) == first_fail
     s = build(_cli_config(tiny_model), out, progress=False)  # what the same command does without the limit

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from hs_dataset.build import build
-from hs_dataset.builder import HiddenStatesConfig
+from hs_dataset.shard_writer import build
+from hs_dataset.dataset_builder import HiddenStatesConfig
 from hs_dataset.cli import main as cli
 from hs_dataset.interop import (EXPORT_SIDECAR, InteropError, default_layers, export_specforge, import_dataset,
                                 specforge_file)

@@ -39,9 +39,9 @@ def _driver(log: str, argv: list[str]) -> int:
     def ev(text: str) -> None:
         os.write(fd, (text + "\n").encode())
 
-    import hs_dataset.build as B
+    import hs_dataset.shard_writer as B
     from hs_dataset import cli
-    from hs_dataset.builder import HiddenStatesBuilder
+    from hs_dataset.dataset_builder import HiddenStatesBuilder
 
     out = Path(argv[argv.index("-o") + 1]).absolute()
     real_replace = os.replace
@@ -101,8 +101,8 @@ if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--kill-drive
 import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
 
-from hs_dataset.build import STATE_DIR, BuildLockedError, ConfigMismatchError, build  # noqa: E402
-from hs_dataset.builder import HiddenStatesConfig  # noqa: E402
+from hs_dataset.shard_writer import STATE_DIR, BuildLockedError, ConfigMismatchError, build  # noqa: E402
+from hs_dataset.dataset_builder import HiddenStatesConfig  # noqa: E402
 from hs_dataset.cli import load_preset  # noqa: E402
 from hs_dataset.tiny import make_tiny_model_dir  # noqa: E402
 from tests.buildtools import config, content_hash, load_built as load  # noqa: E402
@@ -268,8 +268,8 @@ def test_leftovers_of_a_killed_part_are_not_published_after_a_shard_size_change(
     out = tmp_path / "out"
     code = f"""
 import os, signal
-import hs_dataset.build as B
-from hs_dataset.builder import HiddenStatesConfig
+import hs_dataset.shard_writer as B
+from hs_dataset.dataset_builder import HiddenStatesConfig
 seen = [0]
 row = B._Progress.row
 def kill_at_6(self, *a):

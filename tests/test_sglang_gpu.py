@@ -82,7 +82,7 @@ _refs: dict[str, list[CaptureResult]] = {}
 def reference(model: str, arch: str, samples) -> list[CaptureResult]:
     """HF transformers on the same GPU, one sample at a time (no padding at all)."""
     if arch not in _refs:
-        from hs_dataset.backends.hf import TransformersBackend
+        from hs_dataset.backends.transformers import TransformersBackend
 
         # all layers, to compare each SGLang state with its HF neighbours too
         be = TransformersBackend(model, ALL_LAYERS[arch], device="cuda", batch_tokens=1)
@@ -204,8 +204,8 @@ def test_radix_cache_hit_is_reported_not_silently_dropped(models, tmp_path):
 def test_build_with_sglang_backend_loads_with_load_dataset(models, tmp_path):
     import datasets
 
-    from hs_dataset.build import build
-    from hs_dataset.builder import HiddenStatesConfig
+    from hs_dataset.shard_writer import build
+    from hs_dataset.dataset_builder import HiddenStatesConfig
     from hs_dataset.reader import iter_torch
     from hs_dataset.tiny import make_tiny_tokenizer
 
@@ -309,8 +309,8 @@ def test_attach_mode_build_equals_the_in_process_build(models, tmp_path):
     import sys
     import urllib.request
 
-    from hs_dataset.build import build
-    from hs_dataset.builder import HiddenStatesConfig
+    from hs_dataset.shard_writer import build
+    from hs_dataset.dataset_builder import HiddenStatesConfig
     from hs_dataset.reader import iter_torch, open_dataset
     from hs_dataset.tiny import make_tiny_tokenizer
     from hs_dataset.transport import ENV

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hs_dataset.records import Conversation, Message, SampleError, SourceRow, TokenizedSample
-from hs_dataset.sources import BadRow, count_rows, iter_source, parse_row, source_fingerprint, source_name
+from hs_dataset.conversations import parse_row
+from hs_dataset.sources import BadRow, count_rows, iter_source, source_fingerprint, source_name
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "builder_scripts" / "data" / "demo_conversations.jsonl"

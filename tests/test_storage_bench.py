@@ -40,8 +40,8 @@ def _small_build(tmp_path: Path, samples: int = 6, tokens: int = 32, hidden: int
         import storage
     finally:
         sys.path.pop(0)
-    from hs_dataset.build import build
-    from hs_dataset.builder import HiddenStatesConfig
+    from hs_dataset.shard_writer import build
+    from hs_dataset.dataset_builder import HiddenStatesConfig
 
     shape = storage.Shape(hidden, 3, tokens, samples)
     model = storage.make_model_dir(tmp_path / "model", hidden)

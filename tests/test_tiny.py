@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from hs_dataset.chat import load_tokenizer
+from hs_dataset.tokenize_mask import load_tokenizer
 from hs_dataset.tiny import TEMPLATE_STYLES, make_tiny_llama, make_tiny_model_dir, make_tiny_tokenizer
 
 MESSAGES = [

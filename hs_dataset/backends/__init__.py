@@ -39,7 +39,7 @@ def make_backend(name: str, model: str, layers: tuple[int, ...], *, revision: st
             options["max_inflight"] = iso["max_inflight"]  # also the engine's own in-flight limit
         return ProcessBackend(name, model, layers, revision=revision, options=options, **iso)
     if name == "transformers":
-        from .hf import TransformersBackend
+        from .transformers import TransformersBackend
 
         return TransformersBackend(model, layers, revision=revision, **options)
     if name == "sglang":

@@ -26,7 +26,11 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Iterable, Iterator, Protocol, Union
 
+from ..errors import BackendError
 from ..records import CaptureResult, Reject, TokenizedSample
+
+__all__ = ["LAYER_CONVENTION", "BackendError", "BackendItem", "CaptureBackend", "ModelInfo", "check_layers",
+           "read_model_info", "start_capture"]
 
 LAYER_CONVENTION = (
     "layer k = output of decoder layer k (0-based), before normalisation = HF "
@@ -104,23 +108,27 @@ class CaptureBackend(Protocol):
     """Produces hidden states for tokenized samples.
 
     ``capture`` consumes samples lazily and yields, **in input order**, one item per sample: a
-    :class:`CaptureResult` (``states`` on the CPU, ``torch.bfloat16``, ``[len(layers)+1, T, H]``)
-    or a :class:`Reject` for a sample the backend cannot run (e.g. longer than the engine allows).
-    A backend-wide failure (engine died, hang) raises :class:`BackendError`.
+    :class:`CaptureResult` (``states`` on the CPU, ``[len(layers)+1, T, H]``, bf16 or as asked by
+    ``encoding``) or a :class:`Reject` for a sample the backend cannot run (e.g. longer than the
+    engine allows). A backend-wide failure (engine died, hang) raises :class:`BackendError`.
 
-    A backend with a class attribute ``continuous = True`` (its engine batches continuously, by
-    timing, so grouping samples into calls fixes nothing about the result) is fed one ``capture`` call across
-    all parts of a build; others get one call per part, so that a resumed part is batched exactly
-    as in an uninterrupted build.
+    What the build asks of a backend besides ``capture``:
 
-    A backend whose ``encodings`` attribute lists more than ``"bfloat16"`` takes
-    ``capture(samples, encoding=...)`` and delivers states already in that storage encoding (the
-    SGLang backend quantizes fp8 on the GPU); for the others the encode stage converts.
+    * ``continuous``: True when its engine batches continuously, by timing, so grouping samples
+      into calls fixes nothing about the result; the build then feeds it one ``capture`` call across
+      all parts. Otherwise each part gets its own call, so that a resumed part is batched exactly
+      as in an uninterrupted build.
+    * ``encodings``: the storage encodings it can deliver itself; for one other than
+      ``"bfloat16"`` the build calls ``capture(samples, encoding=...)`` (the SGLang backend quantizes
+      fp8 on the GPU); for the rest the encode stage converts.
+    * ``versions()``: package versions recorded in ``hs_dataset.json``; ``close()``.
     """
 
     name: str
     info: ModelInfo
     layers: tuple[int, ...]
+    continuous: bool
+    encodings: tuple[str, ...]
 
     def capture(self, samples: Iterable[TokenizedSample]) -> Iterator[BackendItem]: ...
 
@@ -129,12 +137,8 @@ class CaptureBackend(Protocol):
     def close(self) -> None: ...
 
 
-class BackendError(RuntimeError):
-    """The capture backend as a whole failed; the build stops (and can be resumed)."""
-
-
 def start_capture(backend: CaptureBackend, samples: Iterable[TokenizedSample], storage_dtype: str) -> Iterator[BackendItem]:
     """``backend.capture(samples)``, asking for ``storage_dtype`` when the backend can deliver it."""
-    if storage_dtype != "bfloat16" and storage_dtype in getattr(backend, "encodings", ()):
+    if storage_dtype != "bfloat16" and storage_dtype in getattr(backend, "encodings", ("bfloat16",)):
         return backend.capture(samples, encoding=storage_dtype)  # type: ignore[call-arg]
     return backend.capture(samples)

@@ -34,18 +34,14 @@ Use it through the build configuration::
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import multiprocessing.util
 import os
 import pickle
-import queue
 import select
 import signal
-import struct
 import threading
 import time
-import traceback
 from collections import deque
 from typing import Any, Iterable, Iterator
 
@@ -53,10 +49,10 @@ import torch
 
 from ..records import CaptureResult, TokenizedSample
 from .base import BackendError, BackendItem, ModelInfo, check_layers, read_model_info
+from .process_child import HEADER, child_main
 
 __all__ = ["ProcessBackend"]
 
-_HEADER = struct.Struct("<QQ")  # pickled message length, raw payload length
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
 _POLL = 0.2  # seconds between liveness checks while waiting
@@ -94,144 +90,6 @@ def _describe_exit(code: int | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# child side: blocking I/O, a reader thread, the backend in the main thread
-# ------------------------------------------------------------------------------------------------
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def _read_exact_blocking(fd: int, n: int) -> bytes | None:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = os.readv(fd, [view[got:]])
-        if k == 0:
-            return None
-        got += k
-    return bytes(buf)
-
-
-def _child_send(fd: int, msg: tuple, payload: memoryview | None = None) -> None:
-    meta = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-    size = 0 if payload is None else payload.nbytes
-    _write_all(fd, _HEADER.pack(len(meta), size) + meta)
-    if payload is not None and size:
-        _write_all(fd, payload)
-
-
-def _child_reader(fd: int, inbox: queue.Queue) -> None:
-    try:
-        while True:
-            head = _read_exact_blocking(fd, _HEADER.size)
-            if head is None:
-                break
-            n, size = _HEADER.unpack(head)
-            meta = _read_exact_blocking(fd, n)
-            if meta is None or (size and _read_exact_blocking(fd, size) is None):
-                break
-            inbox.put(pickle.loads(meta))
-    except OSError:
-        pass
-    inbox.put(("eof",))
-
-
-def _set_parent_death_signal(parent_pid: int) -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def _child_main(rfd_conn, wfd_conn, name: str, model: str, layers: tuple[int, ...], revision: str | None,
-                options: dict[str, Any], parent_pid: int, death_signal: bool) -> None:
-    """Entry point of the backend process."""
-    if death_signal:
-        _set_parent_death_signal(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
-    try:  # progress bars would create a multiprocessing lock that a killed child leaks; a thread lock will do
-        import tqdm
-
-        tqdm.tqdm.set_lock(threading.RLock())
-    except ImportError:
-        pass
-    rfd, wfd = rfd_conn.fileno(), wfd_conn.fileno()
-    inbox: queue.Queue = queue.Queue()
-    threading.Thread(target=_child_reader, args=(rfd, inbox), name="hs_dataset-backend-inbox", daemon=True).start()
-    try:
-        from . import make_backend
-
-        backend = make_backend(name, model, layers, revision=revision, options=options)
-        _child_send(wfd, ("ready", backend.versions()))
-    except BaseException as e:
-        _child_send(wfd, ("error", None, type(e).__name__, str(e)[:20000], traceback.format_exc()[-20000:]))
-        return
-    try:
-        while True:
-            msg = inbox.get()
-            if msg[0] in ("close", "eof"):
-                return
-            if msg[0] == "capture":
-                if not _child_capture(backend, msg[1], inbox, wfd):
-                    return
-    except BrokenPipeError:
-        return  # the parent is gone
-    finally:
-        backend.close()
-
-
-def _child_capture(backend, epoch: int, inbox: queue.Queue, wfd: int) -> bool:
-    """Serve one ``capture`` call; False when the child must exit (close or end-of-file)."""
-    keep_going = True
-
-    def samples() -> Iterator[TokenizedSample]:
-        nonlocal keep_going
-        while True:
-            try:
-                msg = inbox.get_nowait()
-            except queue.Empty:
-                _child_send(wfd, ("starved", epoch))
-                msg = inbox.get()
-            kind = msg[0]
-            if kind in ("close", "eof"):
-                keep_going = False
-                return
-            if len(msg) > 1 and msg[1] != epoch:
-                continue  # left over from an abandoned capture
-            if kind == "sample":
-                yield msg[2]
-            elif kind == "end":
-                return
-
-    try:
-        for item in backend.capture(samples()):
-            if isinstance(item, CaptureResult):
-                st = item.states
-                if st.dtype != torch.bfloat16 or st.device.type != "cpu":
-                    st = st.to("cpu", torch.bfloat16)
-                st = st.contiguous()
-                raw = st.view(torch.uint8).reshape(-1).numpy()
-                _child_send(wfd, ("result", epoch, item.sample.sample_id, tuple(st.shape)), memoryview(raw))
-            else:
-                _child_send(wfd, ("reject", epoch, item))
-        if keep_going:
-            _child_send(wfd, ("done", epoch))
-    except BrokenPipeError:
-        raise
-    except Exception as e:
-        _child_send(wfd, ("error", epoch, type(e).__name__, str(e)[:20000], traceback.format_exc()[-20000:]))
-    return keep_going
-
-
-# ------------------------------------------------------------------------------------------------
 # parent side: non-blocking I/O with deadlines
 # ------------------------------------------------------------------------------------------------
 
@@ -255,6 +113,8 @@ def _shutdown(proc: mp.process.BaseProcess, fds: list[int], grace: float) -> Non
 class ProcessBackend:
     """A capture backend run in a child process (see the module docstring).
 
+    Results cross the pipe as bf16 (``encodings``); ``continuous`` is False: each part is its own call.
+
     Args:
         name: the backend to run there (``transformers`` or ``sglang``).
         model, layers, revision: as for that backend.
@@ -264,6 +124,9 @@ class ProcessBackend:
         start_timeout: seconds allowed for the child to start the backend (load the model).
         max_inflight: samples sent ahead of the results received.
     """
+
+    continuous = False
+    encodings = ("bfloat16",)
 
     def __init__(self, name: str, model: str, layers: Iterable[int], *, revision: str | None = None,
                  options: dict[str, Any] | None = None, timeout: float = 600.0, start_timeout: float = 3600.0,
@@ -283,7 +146,7 @@ class ProcessBackend:
         to_child_r, to_child_w = ctx.Pipe(duplex=False)
         from_child_r, from_child_w = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(
-            target=_child_main, name=f"hs_dataset-{name}-backend",
+            target=child_main, name=f"hs_dataset-{name}-backend",
             args=(to_child_r, from_child_w, name, model, self.layers, revision, dict(options or {}), os.getpid(),
                   threading.current_thread() is threading.main_thread()))
         self._proc.start()
@@ -363,9 +226,9 @@ class ProcessBackend:
 
     def _recv(self, deadline: float, *, starting: bool = False) -> tuple[tuple, torch.Tensor | None]:
         try:
-            head = bytearray(_HEADER.size)
+            head = bytearray(HEADER.size)
             self._read_into(memoryview(head), deadline)
-            n, size = _HEADER.unpack(head)
+            n, size = HEADER.unpack(head)
             if n > _MAX_MESSAGE:
                 self._fail(f"the {self.name} backend process sent a corrupt message header")
             meta = bytearray(n)
@@ -408,7 +271,7 @@ class ProcessBackend:
     @staticmethod
     def _frame(msg: tuple) -> bytes:
         meta = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        return _HEADER.pack(len(meta), 0) + meta
+        return HEADER.pack(len(meta), 0) + meta
 
     # -- the protocol ------------------------------------------------------------------------------
     def versions(self) -> dict[str, str]:

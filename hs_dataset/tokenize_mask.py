@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .records import Conversation, Message, SampleError, SourceRow, TokenizedSample
-from .sources import parse_row
+from .errors import ConfigError, SampleError
+from .layout import MASK_MODES, TRUNCATION_MODES
+from .records import Conversation, Message, TokenizedSample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -40,35 +41,33 @@ __all__ = [
     "load_tokenizer",
     "render_conversation",
     "tokenize_conversation",
-    "tokenize_row",
+    "tokenize_sample",
 ]
 
-MASK_MODES = ("all", "last")
-TRUNCATION_MODES = ("truncate", "reject")
 
-
-def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast:
+def load_tokenizer(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> PreTrainedTokenizerFast:
     """Load a fast (``tokenizers``-backed) tokenizer with a chat template from a local directory.
 
-    Raises ``ValueError`` saying what to fix if it is not a fast tokenizer or has no chat template.
+    Raises :class:`~hs_dataset.errors.ConfigError` saying what to fix if it cannot be loaded, is not
+    a fast tokenizer or has no chat template.
     """
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(os.fspath(path))
+        tok = AutoTokenizer.from_pretrained(os.fspath(path), trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many kinds here (OSError, ValueError, KeyError...)
-        raise ValueError(
+        raise ConfigError(
             f"cannot load a tokenizer from {os.fspath(path)!r}: {type(e).__name__}: {e}; point to a "
             "directory with tokenizer.json and tokenizer_config.json (the model directory)"
         ) from e
     if not getattr(tok, "is_fast", False):
-        raise ValueError(
+        raise ConfigError(
             f"tokenizer at {os.fspath(path)!r} is not a fast tokenizer ({type(tok).__name__}); the "
             "loss mask needs character offsets, so provide a tokenizer.json (convert it with "
             "AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(...))"
         )
     if not tok.chat_template:
-        raise ValueError(
+        raise ConfigError(
             f"tokenizer at {os.fspath(path)!r} has no chat template; use the instruct/chat model's "
             "tokenizer, or set tokenizer.chat_template and save_pretrained it"
         )
@@ -226,8 +225,8 @@ def tokenize_conversation(
     return _finish(conv.sample_id, ids, loss_mask, max_length=max_length, truncation=truncation)
 
 
-def tokenize_row(
-    row: SourceRow,
+def tokenize_sample(
+    parsed: Conversation | TokenizedSample,
     tokenizer: PreTrainedTokenizerFast,
     *,
     max_length: int,
@@ -235,15 +234,15 @@ def tokenize_row(
     truncation: str = "truncate",
     vocab_size: int | None = None,
 ) -> TokenizedSample:
-    """:func:`~hs_dataset.sources.parse_row` + :func:`tokenize_conversation`; raw token rows are
-    checked against the truncation policy instead.
+    """A parsed source row (:func:`~hs_dataset.conversations.parse_row`) as tokens and a loss mask:
+    a conversation goes through :func:`tokenize_conversation`; raw token rows are checked against the
+    truncation policy instead.
 
     Every token id must be below ``vocab_size`` (default ``len(tokenizer)``; the builder passes the
     smaller of that and the model's embedding rows, so an id the model cannot embed is a reject
     naming the position, not a crash of the whole batch).
     """
     _check_modes(max_length, mask, truncation)
-    parsed = parse_row(row)
     vocab = len(tokenizer) if vocab_size is None else int(vocab_size)
     if isinstance(parsed, Conversation):
         sample = tokenize_conversation(parsed, tokenizer, max_length=max_length, mask=mask, truncation=truncation)

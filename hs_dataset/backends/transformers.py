@@ -20,6 +20,8 @@ from ..records import CaptureResult, Reject, TokenizedSample
 from .base import BackendItem, ModelInfo, check_layers, read_model_info
 
 
+__all__ = ["TEXT_MODEL_WRAPPERS", "TransformersBackend", "load_language_model"]
+
 # Multimodal wrappers whose text model is a plain causal LM stored under a prefix (read_model_info
 # already reads their text_config): model_type -> (transformers config class of text_config, prefix).
 TEXT_MODEL_WRAPPERS = {"kimi_k25": ("DeepseekV3Config", "language_model.")}
@@ -61,6 +63,8 @@ class TransformersBackend:
     """
 
     name = "transformers"
+    continuous = False  # batches by a token budget: a resumed part must be batched as before
+    encodings = ("bfloat16",)
 
     def __init__(self, model: str, layers: Iterable[int], *, revision: str | None = None,
                  device: str | None = None, batch_tokens: int = 8192, max_batch: int = 64):

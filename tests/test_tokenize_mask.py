@@ -12,15 +12,16 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from hs_dataset.chat import (
+from hs_dataset.tokenize_mask import (
     assistant_char_spans,
     chat_template_sha256,
     load_tokenizer,
     tokenize_conversation,
-    tokenize_row,
+    tokenize_sample,
 )
 from hs_dataset.records import Conversation, Message, SampleError, SourceRow, TokenizedSample
-from hs_dataset.sources import iter_source, parse_row
+from hs_dataset.conversations import parse_row
+from hs_dataset.sources import iter_source
 from hs_dataset.tiny import TEMPLATE_STYLES, make_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,8 +141,8 @@ def test_sharegpt_and_openai_give_the_same_tokens(toks: dict[str, Any]) -> None:
         {"role": r, "content": c} for r, c in TURNS
     ]}
     for tok in toks.values():
-        a = tokenize_row(SourceRow("a", 0, sharegpt), tok, max_length=4096)
-        b = tokenize_row(SourceRow("a", 0, openai), tok, max_length=4096)
+        a = tokenize_sample(parse_row(SourceRow("a", 0, sharegpt)), tok, max_length=4096)
+        b = tokenize_sample(parse_row(SourceRow("a", 0, openai)), tok, max_length=4096)
         assert np.array_equal(a.input_ids, b.input_ids)
         assert np.array_equal(a.loss_mask, b.loss_mask)
 
@@ -183,21 +184,21 @@ def test_bad_options_are_config_errors(toks: dict[str, Any]) -> None:
 def test_raw_token_rows(toks: dict[str, Any]) -> None:
     tok = toks["chatml"]
     vocab = len(tok)
-    s = tokenize_row(SourceRow("r", 0, {"input_ids": [1, 2, vocab - 1], "loss_mask": [0, 1, 1]}), tok, max_length=8)
+    s = tokenize_sample(parse_row(SourceRow("r", 0, {"input_ids": [1, 2, vocab - 1], "loss_mask": [0, 1, 1]})), tok, max_length=8)
     assert s.input_ids.tolist() == [1, 2, vocab - 1] and s.loss_mask.tolist() == [0, 1, 1]
     assert s.input_ids.dtype == np.int32 and s.loss_mask.dtype == np.uint8
     with pytest.raises(SampleError) as ei:
-        tokenize_row(SourceRow("r", 0, {"input_ids": [1, vocab, 2]}), tok, max_length=8)
+        tokenize_sample(parse_row(SourceRow("r", 0, {"input_ids": [1, vocab, 2]})), tok, max_length=8)
     assert ei.value.field == "input_ids[1]"
     assert ei.value.reason == f"token id {vocab} out of vocabulary of size {vocab}"
-    cut = tokenize_row(SourceRow("r", 0, {"input_ids": list(range(10))}), tok, max_length=4)
+    cut = tokenize_sample(parse_row(SourceRow("r", 0, {"input_ids": list(range(10))})), tok, max_length=4)
     assert cut.truncated and cut.input_ids.tolist() == [0, 1, 2, 3]
     with pytest.raises(SampleError, match="more than max_length=4"):
-        tokenize_row(SourceRow("r", 0, {"input_ids": list(range(10))}), tok, max_length=4, truncation="reject")
+        tokenize_sample(parse_row(SourceRow("r", 0, {"input_ids": list(range(10))})), tok, max_length=4, truncation="reject")
     with pytest.raises(SampleError, match="no assistant token"):
-        tokenize_row(SourceRow("r", 0, {"input_ids": [1, 2, 3], "loss_mask": [0, 0, 1]}), tok, max_length=2)
+        tokenize_sample(parse_row(SourceRow("r", 0, {"input_ids": [1, 2, 3], "loss_mask": [0, 0, 1]})), tok, max_length=2)
     with pytest.raises(SampleError, match="nothing to train on"):
-        tokenize_row(SourceRow("r", 0, {"input_ids": [1, 2, 3], "loss_mask": [0, 0, 0]}), tok, max_length=8)
+        tokenize_sample(parse_row(SourceRow("r", 0, {"input_ids": [1, 2, 3], "loss_mask": [0, 0, 0]})), tok, max_length=8)
 
 
 def test_demo_file_tokenizes_in_every_style(toks: dict[str, Any]) -> None:
@@ -205,7 +206,7 @@ def test_demo_file_tokenizes_in_every_style(toks: dict[str, Any]) -> None:
     for style, tok in toks.items():
         lengths = []
         for r in rows:
-            s = tokenize_row(r, tok, max_length=4096)
+            s = tokenize_sample(parse_row(r), tok, max_length=4096)
             conv = parse_row(r)
             assert masked_texts(tok, s) == replies(conv, style), r.sample_id
             lengths.append(s.num_tokens)
@@ -375,7 +376,7 @@ def test_malformed_rows_only_raise_sample_error(
     except SampleError as e:
         assert e.field and e.reason
     try:
-        s = tokenize_row(r, toks[style], max_length=max_length, mask=mask, truncation=truncation)
+        s = tokenize_sample(parse_row(r), toks[style], max_length=max_length, mask=mask, truncation=truncation)
     except SampleError as e:
         assert e.field and e.reason
         event(f"rejected: {e.field.split('[')[0]}")
@@ -405,7 +406,7 @@ def test_fuzz_jsonl_through_the_stage(toks: dict[str, Any], tmp_path_factory: py
     written = rejected = 0
     for r in got:
         try:
-            tokenize_row(r, toks["chatml"], max_length=64)
+            tokenize_sample(parse_row(r), toks["chatml"], max_length=64)
             written += 1
         except SampleError as e:
             assert e.field and e.reason

@@ -1,10 +1,10 @@
 """The ``datasets`` builder: source -> tokenize+mask -> capture backend -> encode -> Arrow rows.
 
-``HiddenStatesBuilder`` is a real :class:`datasets.GeneratorBasedBuilder`. Since datasets 4.0
-removed loading scripts, it is not loaded by name: the ``hs-dataset build`` command (see
-:mod:`hs_dataset.build`) runs ``download_and_prepare`` once per *part* (a fixed range of source
-rows, the unit of resume) and publishes plain Arrow shards that load with ``load_dataset(dir)``.
-It can also be used directly::
+``HiddenStatesBuilder`` is a real :class:`datasets.ArrowBasedBuilder`. Since datasets 4.0
+removed loading scripts, it is not loaded by name: ``hs-dataset build`` (the shard writer,
+:mod:`hs_dataset.shard_writer`) runs ``download_and_prepare`` once per *part* (a fixed range of
+source rows, the unit of resume) and publishes plain Arrow shards that load with
+``load_dataset(dir)``. It can also be used directly::
 
     builder = HiddenStatesBuilder(config=HiddenStatesConfig(model=..., source=..., layers=(1, 2)))
     builder.download_and_prepare("out_dir", file_format="arrow")
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import datasets
@@ -22,83 +21,44 @@ import numpy as np
 import pyarrow as pa
 from datasets.builder import Key
 
-from .backends import BackendError, CaptureBackend, check_layers, make_backend, read_model_info
+from .backends import CaptureBackend, check_layers, make_backend, read_model_info
 from .backends.base import BackendItem, start_capture
-from .chat import load_tokenizer, tokenize_row
-from .encode import bytes_per_token, check_storage_dtype, encode_row, make_features, state_columns
-from .records import Counts, Reject, SampleError, TokenizedSample
+from .config import HiddenStatesConfig
+from .conversations import parse_row
+from .encode import bytes_per_token, encode_row, make_features
+from .errors import NonFiniteError, SampleError
+from .layout import state_columns
+from .records import Counts, Reject, TokenizedSample
 from .sources import iter_source
+from .tokenize_mask import load_tokenizer, tokenize_sample
+
+__all__ = ["CaptureStream", "HiddenStatesBuilder", "HiddenStatesConfig", "row_table", "tokenized_samples"]
 
 ARROW_MAX_ELEMENTS = 2**31 - 1  # Array2D's inner list offsets are 32-bit
 
 
-@dataclass
-class HiddenStatesConfig(datasets.BuilderConfig):
-    """Everything that decides what a hidden-states dataset contains, and how it is built.
+def tokenized_samples(config: HiddenStatesConfig, vocab_size: int, ranges: list[tuple[int | None, int | None]],
+                      on_reject: Callable[[int, Reject], None]) -> Iterator[tuple[int, TokenizedSample]]:
+    """Read, parse, then tokenize and mask the source rows of ``ranges``: ``(row index, sample)``.
 
-    Fields that change the rows (model, layers, source, ...) are part of :meth:`content_key`;
-    a resumed build refuses a change of any of them. The rest (batch sizes, backend options)
-    are performance knobs that may change between runs.
+    A row that cannot be used goes to ``on_reject(row index, reject)`` instead (stage ``source`` or
+    ``tokenize``). Token ids at or above ``vocab_size`` (the model's embedding rows) are rejects too.
     """
-
-    name: str = "default"
-    model: str = ""
-    model_revision: str | None = None
-    tokenizer: str | None = None  # default: the model directory
-    layers: tuple[int, ...] = ()
-    max_length: int = 2048
-    source: str = ""
-    sample_id: str = "row"  # "row" (source:index) or "hash" (content hash)
-    mask: str = "all"  # "all" assistant turns or the "last" one
-    truncation: str = "truncate"  # or "reject"
-    backend: str = "transformers"
-    backend_options: dict[str, Any] = field(default_factory=dict)
-    storage_dtype: str = "bfloat16"
-    on_nonfinite: str = "fail"  # or "reject"
-    max_samples: int | None = None
-    part_size: int = 256  # source rows per resumable part
-    # Arrow record batch budget. A row at least this big goes alone, wrapped without a copy; smaller rows
-    # are grouped (one concatenation) so record batches stay large.
-    writer_batch_bytes: int = 64 * 2**20
-    max_shard_bytes: int = 2 * 2**30
-    file_format: str = "arrow"  # or "parquet"
-    # Internal: the source row range of the part being built (None: the whole source).
-    part: tuple[int, int] | None = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.layers = tuple(int(k) for k in self.layers)
-        if not self.model:
-            raise ValueError("config needs model: a local model directory (--set model=/path/to/model)")
-        if not self.source:
-            raise ValueError("config needs source: a JSON/JSONL/Parquet file or a datasets dir (--set source=...)")
-        check_storage_dtype(self.storage_dtype)
-        for name, allowed in (("mask", ("all", "last")), ("truncation", ("truncate", "reject")),
-                              ("on_nonfinite", ("fail", "reject")), ("sample_id", ("row", "hash")),
-                              ("file_format", ("arrow", "parquet"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r}: use one of {', '.join(allowed)}")
-        if self.max_length < 1 or self.part_size < 1:
-            raise ValueError("max_length and part_size must be >= 1")
-
-    CONTENT_FIELDS = ("model", "model_revision", "tokenizer", "layers", "max_length", "source", "sample_id",
-                      "mask", "truncation", "backend", "storage_dtype", "on_nonfinite", "part_size", "file_format")
-
-    def content_key(self) -> dict[str, Any]:
-        """The fields that decide the rows; a resumed build must match them exactly."""
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in
-                ((k, getattr(self, k)) for k in self.CONTENT_FIELDS)}
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("data_files", None)
-        d.pop("data_dir", None)
-        d["layers"] = list(self.layers)
-        return {k: v for k, v in d.items() if k not in ("part", "description")}
-
-
-class NonFiniteError(BackendError):
-    """NaN or Inf in a captured state with ``on_nonfinite="fail"``."""
+    cfg = config
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+    vocab = min(len(tokenizer), vocab_size)
+    for start, stop in ranges:
+        for row in iter_source(cfg.source, start=start or 0, stop=stop, sample_id=cfg.sample_id):
+            stage = "source"
+            try:
+                parsed = parse_row(row)
+                stage = "tokenize"
+                sample = tokenize_sample(parsed, tokenizer, max_length=cfg.max_length, mask=cfg.mask,
+                                         truncation=cfg.truncation, vocab_size=vocab)
+            except SampleError as e:
+                on_reject(row.index, Reject(row.sample_id, e.field, e.reason, stage))
+                continue
+            yield row.index, sample
 
 
 def _arrow_values(a: np.ndarray) -> pa.Array:
@@ -142,20 +102,24 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
     states without copying them (see :func:`row_table`).
 
     Args:
+        config: the build configuration.
+        part: the source rows ``(start, stop)`` to build (default: the whole source, up to ``max_samples``).
         backend: an already started capture backend to use (it is not closed); default: one is
             started from the config and closed at the end of generation.
+        stream: a :class:`CaptureStream` serving this part (continuously batching backends).
         on_row: called after every written row with ``(num_tokens, payload_bytes)`` (progress).
     """
 
     BUILDER_CONFIG_CLASS = HiddenStatesConfig
     config: HiddenStatesConfig
 
-    def __init__(self, *args, config: HiddenStatesConfig | None = None, backend: CaptureBackend | None = None,
-                 on_row: Callable[[int, int], None] | None = None, stream: "CaptureStream | None" = None,
-                 **kwargs):
+    def __init__(self, *args, config: HiddenStatesConfig | None = None, part: tuple[int, int] | None = None,
+                 backend: CaptureBackend | None = None, on_row: Callable[[int, int], None] | None = None,
+                 stream: "CaptureStream | None" = None, **kwargs):
         if config is not None:  # datasets >= 4 builders take config fields as keyword arguments
             kwargs.update({f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                            if f.name not in ("version", "data_dir", "data_files", "description")})
+        self._part = part
         self._backend = backend
         self._on_row = on_row
         self._stream = stream
@@ -181,24 +145,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         )
 
     def _split_generators(self, dl_manager) -> list[datasets.SplitGenerator]:
-        cfg = self.config
-        if cfg.part is not None:
-            start, stop = cfg.part
-        else:
-            start, stop = 0, cfg.max_samples
+        start, stop = self._part if self._part is not None else (0, self.config.max_samples)
         return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"start": start, "stop": stop})]
-
-    def _tokenized(self, start: int, stop: int | None) -> Iterator[TokenizedSample]:
-        cfg = self.config
-        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
-        vocab = min(len(tokenizer), self.model_info.vocab_size)  # ids the model cannot embed are rejects
-        for row in iter_source(cfg.source, start=start, stop=stop, sample_id=cfg.sample_id):
-            self.counts.samples_in += 1
-            try:
-                yield tokenize_row(row, tokenizer, max_length=cfg.max_length, mask=cfg.mask, truncation=cfg.truncation,
-                                   vocab_size=vocab)
-            except SampleError as e:
-                self._reject(Reject(row.sample_id, e.field, e.reason, "tokenize"))
 
     def _reject(self, r: Reject) -> None:
         self.rejects.append(r)
@@ -206,14 +154,24 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         self.counts.rejects_by_stage[r.stage] = self.counts.rejects_by_stage.get(r.stage, 0) + 1
 
     def _items(self, backend: CaptureBackend, start: int, stop: int | None) -> Iterator[BackendItem]:
-        if self._stream is None:
-            yield from start_capture(backend, self._tokenized(start, stop), self.config.storage_dtype)
+        if self._stream is not None:
+            if stop is None:
+                raise ValueError("a CaptureStream serves parts with a known end")
+            for item in self._stream.take(start, stop):
+                self.counts.samples_in += 1
+                yield item
             return
-        if stop is None:
-            raise ValueError("a CaptureStream serves parts with a known end")
-        for item in self._stream.take(start, stop):
-            self.counts.samples_in += 1
-            yield item
+
+        def counted() -> Iterator[TokenizedSample]:
+            def reject(_index: int, r: Reject) -> None:
+                self.counts.samples_in += 1
+                self._reject(r)
+
+            for _, sample in tokenized_samples(self.config, self.model_info.vocab_size, [(start, stop)], reject):
+                self.counts.samples_in += 1
+                yield sample
+
+        yield from start_capture(backend, counted(), self.config.storage_dtype)
 
     def _generate_tables(self, start: int, stop: int | None):
         cfg = self.config
@@ -249,7 +207,6 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         self.counts.check()
 
 
-
 class CaptureStream:
     """One ``backend.capture`` call over the source rows of several parts, consumed part by part.
 
@@ -257,32 +214,21 @@ class CaptureStream:
     ``capture`` call drains the engine at every part boundary: the last rows of a part are written
     while the GPU waits for the next part's first requests. A stream keeps the next part's rows in
     flight instead. ``take(start, stop)`` yields one item per source row of ``[start, stop)``, in
-    row order: the backend's result, or a :class:`Reject` (from tokenization or the backend).
+    row order: the backend's result, or a :class:`Reject` (from the source, tokenization or the backend).
     """
 
     def __init__(self, config: HiddenStatesConfig, backend: CaptureBackend, ranges: list[tuple[int, int]]):
-        self.config = config
-        self._vocab_size = backend.info.vocab_size
-        self._ranges = list(ranges)
         self._order: deque[int] = deque()  # source row index of every submitted sample, in order
-        self._tokenize_rejects: dict[int, Reject] = {}
-        self._it = start_capture(backend, self._tokenized(), config.storage_dtype)
-        self._next: tuple[int, BackendItem] | None = None
+        self._early_rejects: dict[int, Reject] = {}
 
-    def _tokenized(self) -> Iterator[TokenizedSample]:
-        cfg = self.config
-        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
-        vocab = min(len(tokenizer), self._vocab_size)
-        for start, stop in self._ranges:
-            for row in iter_source(cfg.source, start=start, stop=stop, sample_id=cfg.sample_id):
-                try:
-                    s = tokenize_row(row, tokenizer, max_length=cfg.max_length, mask=cfg.mask,
-                                     truncation=cfg.truncation, vocab_size=vocab)
-                except SampleError as e:
-                    self._tokenize_rejects[row.index] = Reject(row.sample_id, e.field, e.reason, "tokenize")
-                    continue
-                self._order.append(row.index)
-                yield s
+        def samples() -> Iterator[TokenizedSample]:
+            for index, sample in tokenized_samples(config, backend.info.vocab_size, list(ranges),
+                                                   self._early_rejects.__setitem__):
+                self._order.append(index)
+                yield sample
+
+        self._it = start_capture(backend, samples(), config.storage_dtype)
+        self._next: tuple[int, BackendItem] | None = None
 
     def take(self, start: int, stop: int) -> Iterator[BackendItem]:
         while True:
@@ -291,8 +237,8 @@ class CaptureStream:
                 if item is not None:
                     self._next = (self._order.popleft(), item)
             bound = stop if self._next is None else min(self._next[0], stop)
-            for idx in sorted(k for k in self._tokenize_rejects if start <= k < bound):
-                yield self._tokenize_rejects.pop(idx)
+            for idx in sorted(k for k in self._early_rejects if start <= k < bound):
+                yield self._early_rejects.pop(idx)
             if self._next is None or self._next[0] >= stop:
                 return
             item = self._next[1]

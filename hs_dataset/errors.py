@@ -1,0 +1,97 @@
+"""The errors hs_dataset raises, in one catalogue.
+
+Every error a user can act on derives from :class:`HsDatasetError`; its message says what is wrong
+and what to do, and ``hs-dataset`` prints it as one line (exit 2; ``--debug`` shows the traceback).
+Each also derives from the standard exception it refines (``ValueError``, ``OSError``,
+``RuntimeError``), so ``except ValueError`` and the like keep working. :class:`SampleError` is not
+among them: it is one bad sample, which the build rejects (``rejects.jsonl``) and goes on.
+
+Imports nothing: the SGLang plugin's modules use it in the scheduler process.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError", "BuildLockedError", "ConfigError", "ConfigMismatchError", "HsDatasetError", "InteropError",
+    "NonFiniteError", "NotABuildError", "OutputWriteError", "PublishError", "RequestError", "SampleError",
+    "TransportError", "VersionExistsError",
+]
+
+
+class HsDatasetError(Exception):
+    """An error the user can fix; the message names the fix."""
+
+
+class SampleError(ValueError):
+    """One sample cannot be used. ``field`` names the offending field (e.g. ``conversations[2].value``).
+
+    Raised by a stage for one sample; the builder turns it into a reject and goes on.
+    """
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+# -- configuration and the output directory ---------------------------------------------------------
+class ConfigError(HsDatasetError, ValueError):
+    """A build configuration (a builder script, ``--set``) is invalid: unknown field, bad value, missing file."""
+
+
+class ConfigMismatchError(HsDatasetError, RuntimeError):
+    """The output directory holds a build made with a different configuration."""
+
+
+class BuildLockedError(HsDatasetError, RuntimeError):
+    """Another build is writing the same output directory."""
+
+
+class OutputWriteError(HsDatasetError, OSError):
+    """The output could not be written: disk full, over quota, read-only, not a directory...
+
+    ``errno`` is the underlying error number; the message names the path and what to do.
+    Nothing half-written is kept; rerunning the same command resumes.
+    """
+
+    def __init__(self, code: int, message: str, path: str | None = None):
+        super().__init__(code, message)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# -- capture ------------------------------------------------------------------------------------------
+class BackendError(HsDatasetError, RuntimeError):
+    """The capture backend as a whole failed (engine died, hangs, cannot start); the build stops and resumes."""
+
+
+class NonFiniteError(BackendError):
+    """NaN or Inf in a captured state with ``on_nonfinite="fail"``."""
+
+
+class TransportError(HsDatasetError, RuntimeError):
+    """The shared-memory ring as a whole failed (no space, the other side died, a corrupt ring)."""
+
+
+class RequestError(TransportError):
+    """One request cannot be captured (e.g. a radix-cache hit); its sample is rejected with this reason."""
+
+
+# -- publishing and interop ---------------------------------------------------------------------------
+class PublishError(HsDatasetError, RuntimeError):
+    """The push cannot proceed (bad local build, repository state, verification failure...)."""
+
+
+class NotABuildError(PublishError):
+    """The local directory is not a finished build."""
+
+
+class VersionExistsError(PublishError):
+    """The version tag already exists and ``force`` was not given."""
+
+
+class InteropError(HsDatasetError, ValueError):
+    """A foreign layout is not as expected, or does not match the model / layers given."""

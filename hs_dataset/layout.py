@@ -1,0 +1,86 @@
+"""What a build looks like on disk, and the choices a build offers: one home for every such name.
+
+A finished build directory::
+
+    OUT/README.md               YAML `configs:` + `dataset_info:` (plain load_dataset(OUT) works), the card
+    OUT/hs_dataset.json         model, layers + convention, storage dtype, counts, versions, command
+    OUT/rejects.jsonl           one line per rejected sample: id, field, reason, stage
+    OUT/data/train-PPPPP-SSS.arrow   whole shards only (P = part, S = shard within the part)
+    OUT/.hs_build/              resume state (never published)
+
+Columns: ``id``, ``input_ids``, ``loss_mask``, ``num_tokens``, one ``hidden_layer_<k>`` per captured
+layer, ``hidden_final``; with fp8 storage each state column has a ``<column>_scale`` companion.
+
+Imports nothing heavy: the SGLang plugin's modules may use it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, get_args
+
+__all__ = [
+    "BACKENDS", "DATA_DIR", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES", "META_FILE",
+    "NONFINITE_POLICIES", "README_FILE", "REJECTS_FILE", "SAMPLE_ID_MODES", "SHARD_RE", "STATE_DIR",
+    "STORAGE_DTYPES", "TRUNCATION_MODES", "BackendName", "FileFormat", "MaskMode", "NonfinitePolicy",
+    "SampleIdMode", "StorageDtype", "TruncationMode", "layer_column", "layer_of", "scale_column", "shard_name",
+    "state_columns",
+]
+
+# -- choices (typed on HiddenStatesConfig; the CLI derives its choices from these) --------------------
+MaskMode = Literal["all", "last"]  # every assistant turn, or only the last one
+TruncationMode = Literal["truncate", "reject"]  # longer than max_length: keep the first max_length tokens, or reject
+NonfinitePolicy = Literal["fail", "reject"]  # NaN/Inf in a state: stop the build, or reject the sample
+SampleIdMode = Literal["row", "hash"]  # sample ids: <source>:<row>, or a content hash
+FileFormat = Literal["arrow", "parquet"]
+StorageDtype = Literal["bfloat16", "fp8_e4m3"]  # exact bf16 bits, or fp8 e4m3 + a per-token scale
+BackendName = Literal["transformers", "sglang"]
+
+MASK_MODES: tuple[str, ...] = get_args(MaskMode)
+TRUNCATION_MODES: tuple[str, ...] = get_args(TruncationMode)
+NONFINITE_POLICIES: tuple[str, ...] = get_args(NonfinitePolicy)
+SAMPLE_ID_MODES: tuple[str, ...] = get_args(SampleIdMode)
+FILE_FORMATS: tuple[str, ...] = get_args(FileFormat)
+STORAGE_DTYPES: tuple[str, ...] = get_args(StorageDtype)
+BACKENDS: tuple[str, ...] = get_args(BackendName)
+
+# -- files ---------------------------------------------------------------------------------------------
+META_FILE = "hs_dataset.json"  # exists only in a finished build (written last)
+README_FILE = "README.md"
+REJECTS_FILE = "rejects.jsonl"
+DATA_DIR = "data"
+STATE_DIR = ".hs_build"  # resume state: part records, staging, lock; never published
+SHARD_RE = re.compile(r"^train-(\d{5,})-(\d{3,})\.(arrow|parquet)$")
+
+
+def shard_name(part: int, shard: int, file_format: str) -> str:
+    """``train-PPPPP-SSS.<format>``: shard ``shard`` of part ``part``."""
+    return f"train-{part:05d}-{shard:03d}.{file_format}"
+
+
+# -- columns -------------------------------------------------------------------------------------------
+LAYER_PREFIX = "hidden_layer_"
+FINAL_COLUMN = "hidden_final"
+SCALE_SUFFIX = "_scale"
+
+
+def layer_column(k: int) -> str:
+    """Column name of captured layer ``k``."""
+    return f"{LAYER_PREFIX}{k}"
+
+
+def layer_of(column: str) -> int | None:
+    """The layer id of a ``hidden_layer_<k>`` column (None for any other column)."""
+    if column.startswith(LAYER_PREFIX) and column[len(LAYER_PREFIX):].isdigit():
+        return int(column[len(LAYER_PREFIX):])
+    return None
+
+
+def state_columns(layers: tuple[int, ...] | list[int]) -> list[str]:
+    """Hidden-state column names in storage order: the layers, then the final state."""
+    return [layer_column(k) for k in layers] + [FINAL_COLUMN]
+
+
+def scale_column(column: str) -> str:
+    """The per-token fp8 scale column of a state column."""
+    return f"{column}{SCALE_SUFFIX}"

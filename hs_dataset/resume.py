@@ -1,0 +1,222 @@
+"""The crash-safe state of a build: part records, recovery after a kill, the lock, atomic writes,
+and the errors of a disk that cannot be written.
+
+A *part* is a fixed range of ``part_size`` source rows. A part's record
+(``.hs_build/parts/part-PPPPP.json``, written atomically after its shards are in ``data/``) is the
+commit point of the part. :func:`recover` runs when a build starts: it keeps exactly the parts
+whose record reads, matches the plan and whose listed shards are all there with their recorded
+sizes; everything else (unrecorded shards, staging folders, ``.tmp`` files of killed atomic writes)
+is removed, so a rerun of the same command ends with the rows of an uninterrupted build.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .errors import BuildLockedError, ConfigMismatchError, OutputWriteError
+from .layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
+
+__all__ = ["atomic_write", "check_resume", "fsync_dir", "fsync_file", "invalidate_finished", "lock_output",
+           "output_error", "part_files", "part_record", "recover"]
+
+logger = logging.getLogger(__name__)
+
+TMP_RE = re.compile(r"^\..+\.tmp-\d+$")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write a file so that readers see the old or the new content, never a part.
+
+    The text goes to ``.<name>.tmp-<pid>`` (removed if writing fails; a killed writer's leftover
+    is removed by the next build), is fsynced, then renamed over ``path``; the folder is fsynced.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def part_record(state: Path, i: int) -> Path:
+    return state / "parts" / f"part-{i:05d}.json"
+
+
+def part_files(out: Path, i: int, ext: str) -> list[Path]:
+    return sorted((out / DATA_DIR).glob(f"train-{i:05d}-*.{ext}"))
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    """A part record, or None when it is unreadable (it is then redone)."""
+    try:
+        r = json.loads(path.read_text(encoding="utf-8"))
+        if not (isinstance(r, dict) and path.name == f"part-{int(r['part']):05d}.json"
+                and isinstance(r["files"], list) and isinstance(r["counts"], dict)):
+            return None
+        for f in r["files"]:
+            if not (isinstance(f, dict) and SHARD_RE.match(str(f["name"])) and int(f["bytes"]) >= 0):
+                return None
+        return r
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _invalid(r: dict[str, Any] | None, parts: list[tuple[int, int, int]], data: Path) -> str | None:
+    """Why a part record cannot be trusted (None: it can)."""
+    if r is None:
+        return "its record is unreadable"
+    if (r["start"], r["stop"]) != parts[r["part"]][1:]:
+        return "its row range changed"
+    for f in r["files"]:
+        p = data / f["name"]
+        if not p.is_file():
+            return f"its shard {p} is missing"
+        if p.stat().st_size != int(f["bytes"]):
+            return f"its shard {p} has {p.stat().st_size} bytes, the record says {f['bytes']}"
+    return None
+
+
+def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[int]:
+    """Bring the output directory back to a consistent state after any interruption.
+
+    Returns the parts whose record is valid: the record reads, its row range matches the current
+    plan, and every shard it lists is in ``data/`` with the recorded size. Every other record is
+    removed (its part is redone), and so is every shard in ``data/`` that no valid record lists.
+    Staging folders and the ``.tmp`` files of interrupted atomic writes are removed.
+    """
+    shutil.rmtree(state / "staging", ignore_errors=True)
+    for folder in (out, state, state / "parts"):
+        for f in folder.iterdir():
+            if TMP_RE.match(f.name) and f.is_file():
+                f.unlink()
+    data = out / DATA_DIR
+    done: set[int] = set()
+    keep: set[str] = set()
+    for rec in sorted((state / "parts").glob("part-*.json")):
+        r = _read_record(rec)
+        if r is not None and r["part"] >= len(parts):
+            rec.unlink()  # beyond the end of the source (max_samples shrank): dropped; its shards go below
+            continue
+        why = _invalid(r, parts, data)
+        if why is not None:
+            logger.warning("hs_dataset: redoing %s: %s", rec.stem, why)
+            rec.unlink()
+            continue
+        done.add(r["part"])
+        keep.update(f["name"] for f in r["files"])
+    for f in sorted(data.iterdir()):
+        if SHARD_RE.match(f.name) and f.name not in keep:
+            f.unlink()  # a part killed between moving its shards and writing its record
+    fsync_dir(data)
+    return done
+
+
+def lock_output(out: Path, state: Path) -> int:
+    """Hold ``.hs_build/lock`` for the whole build (the kernel releases it when the process dies)."""
+    fd = os.open(state / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise BuildLockedError(
+            f"another hs-dataset build (pid {other}) is writing {out}: wait for it to end or stop it. Two "
+            "builds must never share an output directory.") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def invalidate_finished(out: Path, state: Path) -> None:
+    """Before ``data/`` changes, remove the files that mark a finished build (hs_dataset.json first).
+
+    The old metadata is kept in ``.hs_build/meta.json`` (its build command and versions are reused).
+    """
+    meta = out / META_FILE
+    if meta.exists():
+        atomic_write(state / META_FILE, meta.read_text(encoding="utf-8"))
+    for name in (META_FILE, README_FILE, REJECTS_FILE):
+        (out / name).unlink(missing_ok=True)
+    fsync_dir(out)
+
+
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_NO_WRITE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EISDIR}
+_ERRNO_TEXT = {"no space left": errno.ENOSPC, "file too large": errno.EFBIG, "disk quota": errno.EDQUOT,
+               "read-only file system": errno.EROFS, "permission denied": errno.EACCES}
+
+
+def output_error(e: OSError, out: Path) -> OutputWriteError | None:
+    """An :class:`OutputWriteError` for a write failure under ``out`` (None: not an output problem)."""
+    if isinstance(e, OutputWriteError):
+        return e
+    code = e.errno
+    if code is None:  # pyarrow's IO errors carry the errno only in their text
+        text = str(e).lower()
+        m = re.search(r"errno[ =:]*(\d+)", text)
+        code = int(m.group(1)) if m else next((c for t, c in _ERRNO_TEXT.items() if t in text), None)
+    if code not in _NO_SPACE | _NO_WRITE:
+        return None
+    out_abs = out.absolute()
+    path = os.fsdecode(e.filename) if e.filename is not None else None
+    if path is not None:
+        p = Path(path).absolute()
+        if not (p == out_abs or out_abs in p.parents or p in out_abs.parents):
+            return None  # e.g. the model or the source cannot be read: not about the output
+    where = path or str(out)
+    if path is None:
+        where += f" ({str(e).strip()[:300]})"
+    if code in _NO_SPACE:
+        msg = (f"cannot write {where}: {os.strerror(code)}. The disk of the output directory {out_abs} is full "
+               "(or over quota, or over the file size limit). Free space there or pass another --output on a "
+               "larger disk, then run the same command again: finished parts are kept and the build resumes "
+               "(the unfinished part was discarded; nothing half-written is kept).")
+    else:
+        blocker = next((a for a in [out_abs, *out_abs.parents] if a.exists() and not a.is_dir()), None)
+        reason = (f"{blocker} is a file, not a directory" if blocker is not None else os.strerror(code))
+        msg = (f"cannot write {where}: {reason}. Make {out_abs} a writable directory or pass another "
+               "--output, then run the same command again to resume.")
+    return OutputWriteError(code, msg, path or str(out))
+
+
+def check_resume(state: Path, key: dict[str, Any]) -> None:
+    path = state / "build.json"
+    if not path.exists():
+        atomic_write(path, json.dumps(key, indent=1, sort_keys=True))
+        return
+    old = json.loads(path.read_text())
+    if old != key:
+        diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
+        details = "; ".join(f"{k}: {old.get(k)!r} -> {key.get(k)!r}" for k in diff)
+        raise ConfigMismatchError(
+            f"{state.parent} holds a build made with another configuration ({details}). Refusing to mix "
+            "rows: use a new --output directory, or delete this one to start over.")
