@@ -1,8 +1,9 @@
 """Tiny random-weight models and tokenizers for the demo and the tests, made locally (no downloads).
 
-* :func:`make_tiny_tokenizer` trains a small byte-level BPE on the bundled text
-  (``hs_dataset/data/tiny_corpus.txt``) with the special tokens and a real Jinja chat template of
-  one of three styles: ``"chatml"`` (Qwen), ``"llama3"`` or ``"deepseek"`` (DeepSeek-V3).
+* :func:`make_tiny_tokenizer` trains a small byte-level BPE (:func:`train_byte_level_bpe`) on the
+  bundled text (``hs_dataset/data/tiny_corpus.txt``) with the special tokens and a real Jinja chat
+  template of one of three styles: ``"chatml"`` (Qwen), ``"llama3"`` or ``"deepseek"`` (DeepSeek-V3).
+  :mod:`hs_dataset.tiny_kimi` packages the same BPE as Kimi-K2.5's tiktoken tokenizer.
 * :func:`make_tiny_llama` makes a random-weight ``LlamaForCausalLM`` saved in bfloat16.
 * :func:`make_tiny_model_dir` puts both in one directory, deterministically for a seed.
 """
@@ -13,9 +14,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "make_tiny_model_dir",
     "make_tiny_tokenizer",
     "tiny_corpus_path",
+    "train_byte_level_bpe",
 ]
 
 TINY_VOCAB_SIZE = 1536
@@ -134,32 +137,40 @@ def _check_style(template: str) -> _Style:
     return _STYLES[template]
 
 
+def train_byte_level_bpe(special: Sequence[str] = (), vocab_size: int = TINY_VOCAB_SIZE) -> Tokenizer:
+    """A byte-level BPE (GPT-2 style: all 256 bytes, then merges) trained on the bundled corpus.
+
+    ``special`` tokens take ids ``0..len(special)-1`` and count in ``vocab_size``. Deterministic.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    text = tiny_corpus_path().read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.strip()]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(special),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(lines, trainer=trainer)
+    return bpe
+
+
 def make_tiny_tokenizer(out_dir: str | os.PathLike[str], template: str = "chatml") -> PreTrainedTokenizerFast:
     """Train a ~1.5k-token byte-level BPE with ``template``'s special tokens and chat template.
 
     Deterministic (the corpus is bundled); saved with ``save_pretrained`` to ``out_dir`` and
     returned as a ``PreTrainedTokenizerFast``.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     style = _check_style(template)
-    text = tiny_corpus_path().read_text(encoding="utf-8")
-    lines = [line for line in text.splitlines() if line.strip()]
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE,
-        min_frequency=2,
-        special_tokens=list(style.special),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(lines, trainer=trainer)
-
+    bpe = train_byte_level_bpe(style.special)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token=style.bos,
