@@ -164,11 +164,12 @@ def cmd_import(a: argparse.Namespace) -> int:
     opts = [("--model", a.model), ("--layers", a.layers), ("--storage-dtype", a.storage_dtype),
             ("--file-format", a.file_format)]
     command = " ".join(["hs-dataset", "import", shlex.quote(a.src), "--from", a.from_, shlex.quote(a.out)]
-                       + [f"{k} {shlex.quote(v)}" for k, v in opts if v is not None])
+                       + [f"{k} {shlex.quote(v)}" for k, v in opts if v is not None]
+                       + (["--trust-remote-code"] if a.trust_remote_code else []))
     try:
         s = import_dataset(a.src, a.from_, a.out, model=a.model, layers=_layers_arg(a.layers),
                            storage_dtype=a.storage_dtype, file_format=a.file_format, progress=not a.no_progress,
-                           build_command=command)
+                           build_command=command, trust_remote_code=a.trust_remote_code)
     except InteropError as e:
         raise SystemExit(f"hs-dataset import: {e}") from None
     print(f"imported {s.written} samples from {a.src} ({a.from_}) into {s.output_dir}: {s.rejected} rejected "
@@ -224,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "(SpecForge's and speculators' default)")
     m.add_argument("--storage-dtype", default="bfloat16", choices=("bfloat16", "fp8_e4m3"))
     m.add_argument("--file-format", default="arrow", choices=("arrow", "parquet"))
+    m.add_argument("--trust-remote-code", action="store_true",
+                   help="the model's tokenizer is its own Python code (Kimi-K2.5's tiktoken tokenizer)")
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(fn=cmd_import)
     a = ap.parse_args(argv)

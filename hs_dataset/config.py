@@ -38,7 +38,8 @@ class HiddenStatesConfig(datasets.BuilderConfig):
     model: str = _f("", "local model directory (config.json, weights, tokenizer); never downloaded")
     model_revision: str | None = _f(None, "revision recorded in the metadata (the directory is used as it is)")
     tokenizer: str | None = _f(None, "tokenizer directory (default: the model directory)")
-    trust_remote_code: bool = _f(False, "allow the tokenizer's own Python code (Kimi-K2.5's tiktoken tokenizer needs it)")
+    trust_remote_code: bool = _f(False, "run the model directory's own Python code (auto_map): Kimi-K2.5's tiktoken "
+                                        "tokenizer and processor need it; for the tokenizer, and passed to the backend")
     layers: tuple[int, ...] = _f((), "captured layers: output of decoder layer k, 0-based; L-1 = last layer before the norm")
     max_length: int = _f(2048, "tokens per sample at most (see truncation)")
     source: str = _f("", "conversations: .jsonl/.json/.parquet, a save_to_disk folder, or hf:<path>[:split]")
@@ -67,6 +68,9 @@ class HiddenStatesConfig(datasets.BuilderConfig):
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: use one of {', '.join(allowed)}")
+        if not isinstance(self.trust_remote_code, bool):
+            raise ConfigError(f"trust_remote_code={self.trust_remote_code!r}: use true or false "
+                              "(--set trust_remote_code=true)")
         if self.max_length < 1 or self.part_size < 1:
             raise ConfigError("max_length and part_size must be >= 1")
 

@@ -178,7 +178,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         schema = self.info.features.arrow_schema
         own = self._backend is None and self._stream is None
         backend = self._backend or make_backend(cfg.backend, cfg.model, self.layers, revision=cfg.model_revision,
-                                                options=cfg.backend_options)
+                                                options=cfg.backend_options, trust_remote_code=cfg.trust_remote_code)
         cols = state_columns(self.layers)
         i = 0
         try:

@@ -404,13 +404,15 @@ class ImportSummary:
 
 def import_dataset(src: str | os.PathLike, fmt: str, out: str | os.PathLike, *, model: str | None = None,
                    layers: Iterable[int] | None = None, storage_dtype: str = "bfloat16", file_format: str = "arrow",
-                   part_size: int = 256, progress: bool = False, build_command: str | None = None) -> ImportSummary:
+                   part_size: int = 256, progress: bool = False, build_command: str | None = None,
+                   trust_remote_code: bool = False) -> ImportSummary:
     """Import SpecForge or speculators hidden states from ``src`` into a build directory ``out``.
 
     ``model``: the target model's local directory (config.json + tokenizer; the weights are not
     needed), which sizes and describes the dataset; default: the model recorded by an
     ``hs-dataset export``. ``layers``: the captured layers in hs_dataset's convention; default:
     the ones recorded by ``hs-dataset export``, else :func:`default_layers` (the two tools' default).
+    ``trust_remote_code``: the model's tokenizer is its own code (Kimi-K2.5), recorded like a build's.
     """
     from .shard_writer import build
     from .dataset_builder import HiddenStatesConfig
@@ -484,7 +486,7 @@ def import_dataset(src: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
         os.replace(tmp, index)
     config = HiddenStatesConfig(model=str(model), layers=layers, source=str(index), max_length=max_len,
                                 truncation="reject", backend=name, storage_dtype=storage_dtype,
-                                file_format=file_format, part_size=part_size,
+                                file_format=file_format, part_size=part_size, trust_remote_code=trust_remote_code,
                                 backend_options={"from": fmt, "path": str(src.resolve())})
     backend = FileCaptureBackend(fmt, info, layers, files, read, name)
     s = build(config, out, backend=backend, progress=progress,

@@ -141,7 +141,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             for i, start, stop in todo:
                 if backend is None:
                     backend = make_backend(config.backend, config.model, layers, revision=config.model_revision,
-                                           options=config.backend_options)
+                                           options=config.backend_options, trust_remote_code=config.trust_remote_code)
                     own_backend = True
                 if stream is None and getattr(backend, "continuous", False):
                     # one capture over all remaining parts: the engine never drains at a part boundary
@@ -289,7 +289,7 @@ def _versions(backend: CaptureBackend | None) -> dict[str, str]:
 def _finalize(config: HiddenStatesConfig, out: Path, state: Path, parts: list[tuple[int, int, int]], info,
               layers: tuple[int, ...], backend: CaptureBackend | None, build_command: str | None) -> Counts:
     """Aggregate part records into rejects.jsonl, hs_dataset.json and README.md."""
-    from .tokenize_mask import chat_template_sha256, load_tokenizer
+    from .tokenize_mask import tokenizer_record
 
     counts = Counts()
     rejects: list[dict] = []
@@ -325,8 +325,7 @@ def _finalize(config: HiddenStatesConfig, out: Path, state: Path, parts: list[tu
         "stored_as": "uint16 bit patterns of bfloat16" if config.storage_dtype == "bfloat16"
         else "uint8 bit patterns of float8_e4m3fn + per-token float32 scale (amax/448) in <column>_scale",
         "decode": "hs_dataset.reader.decode_row(ds.with_format('arrow')[i]) -> dict of torch tensors",
-        "tokenizer": {"path": os.path.abspath(tok_path),
-                      "chat_template_sha256": chat_template_sha256(load_tokenizer(tok_path))},
+        "tokenizer": tokenizer_record(tok_path, trust_remote_code=config.trust_remote_code),
         "max_length": config.max_length,
         "mask": config.mask,
         "truncation": config.truncation,

@@ -105,6 +105,8 @@ class SGLangBackend:
         chunked_prefill_size: passed to SGLang (None: SGLang's default).
         request_timeout: seconds without progress before the build stops with an error.
         engine_args: more ``sglang.Engine`` arguments (e.g. attention_backend, mem_fraction_static).
+        trust_remote_code: the engine's ``trust_remote_code`` (Kimi-K2.5's tokenizer and processor need
+            it), unless ``engine_args`` set it.
     """
 
     name = "sglang"
@@ -114,7 +116,7 @@ class SGLangBackend:
     def __init__(self, model: str, layers: Iterable[int], *, revision: str | None = None, tp_size: int = 1,
                  sglang_url: str | None = None, ring_dir: str | None = None, ring_bytes: int = DEFAULT_RING_BYTES,
                  max_inflight: int = 32, chunked_prefill_size: int | None = None, request_timeout: float = 600.0,
-                 prefetch: int = 4, engine_args: dict[str, Any] | None = None):
+                 prefetch: int = 4, engine_args: dict[str, Any] | None = None, trust_remote_code: bool = False):
         self.info: ModelInfo = read_model_info(model, revision)
         self.layers = check_layers(layers, self.info)
         self.max_inflight = int(max_inflight)
@@ -144,7 +146,8 @@ class SGLangBackend:
             if self.url:
                 self._pool = cf.ThreadPoolExecutor(max_workers=self.max_inflight, thread_name_prefix="hs_dataset-http")
             else:
-                self._start_engine(model, tp_size, chunked_prefill_size, engine_args or {})
+                self._start_engine(model, tp_size, chunked_prefill_size,
+                                   {"trust_remote_code": bool(trust_remote_code), **(engine_args or {})})
             self._check_manifest()
             if self.ring.attached_pid:
                 self.ring.unlink()  # both sides have it mapped: from now on a crash leaves no file behind

@@ -27,15 +27,16 @@ __all__ = ["TEXT_MODEL_WRAPPERS", "TransformersBackend", "load_language_model"]
 TEXT_MODEL_WRAPPERS = {"kimi_k25": ("DeepseekV3Config", "language_model.")}
 
 
-def load_language_model(model: str):
+def load_language_model(model: str, *, trust_remote_code: bool = False):
     """``AutoModelForCausalLM`` in bf16 from a local directory; for a multimodal wrapper (Kimi-K2.5)
-    its text model alone, from the same tensors (the vision tower's weights are left out)."""
+    its text model alone, from the same tensors (the vision tower's weights are left out).
+    ``trust_remote_code`` allows a model directory's own modeling code."""
     import transformers
     from transformers import AutoModelForCausalLM
 
     with open(os.path.join(model, "config.json")) as f:
         cfg = json.load(f)
-    kw: dict = {"dtype": torch.bfloat16}
+    kw: dict = {"dtype": torch.bfloat16, "trust_remote_code": trust_remote_code}
     wrapper = TEXT_MODEL_WRAPPERS.get(cfg.get("model_type", ""))
     if wrapper is not None:
         kw["config"] = getattr(transformers, wrapper[0])(**cfg["text_config"])
@@ -60,6 +61,7 @@ class TransformersBackend:
         device: ``"cpu"``, ``"cuda"``, ... (default: cuda when available).
         batch_tokens: padded tokens per forward pass.
         max_batch: most samples per forward pass.
+        trust_remote_code: allow the model directory's own modeling code (``auto_map``).
     """
 
     name = "transformers"
@@ -67,13 +69,14 @@ class TransformersBackend:
     encodings = ("bfloat16",)
 
     def __init__(self, model: str, layers: Iterable[int], *, revision: str | None = None,
-                 device: str | None = None, batch_tokens: int = 8192, max_batch: int = 64):
+                 device: str | None = None, batch_tokens: int = 8192, max_batch: int = 64,
+                 trust_remote_code: bool = False):
         self.info: ModelInfo = read_model_info(model, revision)
         self.layers = check_layers(layers, self.info)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.batch_tokens = int(batch_tokens)
         self.max_batch = int(max_batch)
-        lm = load_language_model(model)
+        lm = load_language_model(model, trust_remote_code=trust_remote_code)
         self._model = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
         self._model.to(self.device).eval()
         del lm  # the lm_head is not needed: the final state is taken before it
