@@ -22,7 +22,7 @@ from typing import Literal, get_args
 __all__ = [
     "BACKENDS", "DATA_DIR", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES", "META_FILE",
     "NONFINITE_POLICIES", "README_FILE", "REJECTS_FILE", "SAMPLE_ID_MODES", "SHARD_RE", "STATE_DIR",
-    "STORAGE_DTYPES", "TRUNCATION_MODES", "BackendName", "FileFormat", "MaskMode", "NonfinitePolicy",
+    "MESSAGES_COLUMN", "RESPONSES_MODES", "ResponsesMode", "STORAGE_DTYPES", "TRUNCATION_MODES", "BackendName", "FileFormat", "MaskMode", "NonfinitePolicy",
     "SampleIdMode", "StorageDtype", "TruncationMode", "layer_column", "layer_of", "scale_column", "shard_name",
     "state_columns",
 ]
@@ -35,6 +35,7 @@ SampleIdMode = Literal["row", "hash"]  # sample ids: <source>:<row>, or a conten
 FileFormat = Literal["arrow", "parquet"]
 StorageDtype = Literal["bfloat16", "fp8_e4m3"]  # exact bf16 bits, or fp8 e4m3 + a per-token scale
 BackendName = Literal["transformers", "sglang"]
+ResponsesMode = Literal["source", "regenerate"]  # assistant replies as in the source, or written by the target
 
 MASK_MODES: tuple[str, ...] = get_args(MaskMode)
 TRUNCATION_MODES: tuple[str, ...] = get_args(TruncationMode)
@@ -43,6 +44,7 @@ SAMPLE_ID_MODES: tuple[str, ...] = get_args(SampleIdMode)
 FILE_FORMATS: tuple[str, ...] = get_args(FileFormat)
 STORAGE_DTYPES: tuple[str, ...] = get_args(StorageDtype)
 BACKENDS: tuple[str, ...] = get_args(BackendName)
+RESPONSES_MODES: tuple[str, ...] = get_args(ResponsesMode)
 
 # -- files ---------------------------------------------------------------------------------------------
 META_FILE = "hs_dataset.json"  # exists only in a finished build (written last)
@@ -59,6 +61,7 @@ def shard_name(part: int, shard: int, file_format: str) -> str:
 
 
 # -- columns -------------------------------------------------------------------------------------------
+MESSAGES_COLUMN = "messages"  # regenerate builds: the conversation as trained on (JSON text)
 LAYER_PREFIX = "hidden_layer_"
 FINAL_COLUMN = "hidden_final"
 SCALE_SUFFIX = "_scale"

@@ -33,7 +33,7 @@ import pyarrow as pa
 import torch
 
 from .encode import fp8_decode
-from .layout import DATA_DIR, FINAL_COLUMN, layer_of, scale_column
+from .layout import DATA_DIR, FINAL_COLUMN, MESSAGES_COLUMN, layer_of, scale_column
 
 
 def _chunk_and_index(col: pa.ChunkedArray | pa.Array, i: int) -> tuple[pa.Array, int]:
@@ -92,13 +92,15 @@ def state_columns_of(table: pa.Table) -> list[str]:
 def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None) -> dict[str, Any]:
     """Row ``i`` of an Arrow table (``ds.with_format("arrow")[k]`` or a batch) as torch tensors.
 
-    Returns ``id`` (str), ``input_ids`` (int32 [T]), ``loss_mask`` (uint8 [T]) and every
-    hidden-state column as ``torch.bfloat16 [T, H]``.
+    Returns ``id`` (str), ``input_ids`` (int32 [T]), ``loss_mask`` (uint8 [T]), every
+    hidden-state column as ``torch.bfloat16 [T, H]``, and in regenerate builds ``messages`` (the
+    conversation as JSON text).
     """
     out: dict[str, Any] = {}
     names = table.column_names
-    if "id" in names:
-        out["id"] = table.column("id")[i].as_py()
+    for c in ("id", MESSAGES_COLUMN):  # MESSAGES_COLUMN: regenerate builds
+        if c in names:
+            out[c] = table.column(c)[i].as_py()
     for c in ("input_ids", "loss_mask"):
         if c in names:
             out[c] = list_values(table.column(c), i)

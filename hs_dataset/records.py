@@ -68,6 +68,7 @@ class TokenizedSample:
     input_ids: np.ndarray  # int32 [T]
     loss_mask: np.ndarray  # uint8 [T]
     truncated: bool = False
+    messages: str | None = None  # regenerate builds: the conversation the tokens render (JSON text)
 
     @property
     def num_tokens(self) -> int:

@@ -402,3 +402,27 @@ def test_attach_mode_build_equals_the_in_process_build(models, tmp_path):
             exact += int(torch.equal(a[c].view(torch.int16), b[c].view(torch.int16)))
     _report["attach"] = {"rows": len(a_rows), "states_bit_identical": exact, "states": 4 * len(a_rows)}
     _dump()
+
+
+def test_regenerate_build_with_sglang(models, tmp_path):
+    """responses=regenerate on the tiny DeepSeek-V3: replies generated on the capture engine (passes not
+    captured), then captured; the build loads with load_dataset and every row carries its conversation."""
+    import datasets
+
+    from hs_dataset.config import HiddenStatesConfig
+    from hs_dataset.shard_writer import build
+    from hs_dataset.tiny import make_tiny_tokenizer
+
+    make_tiny_tokenizer(models["dsv3"], template="deepseek")
+    src = Path(__file__).resolve().parent.parent / "builder_scripts" / "data" / "demo_conversations.jsonl"
+    cfg = HiddenStatesConfig(model=models["dsv3"], layers=(0, 1, 3), source=str(src), max_length=512, backend="sglang",
+                             part_size=16, max_samples=32, responses="regenerate",
+                             generation={"max_new_tokens": 32, "on_length": "keep", "temperature": 0.7, "seed": 1},
+                             backend_options={"max_inflight": 32, "ring_bytes": RING, "engine_args": ENGINE_ARGS})
+    s = build(cfg, tmp_path / "out", progress=False)
+    assert s.counts.written > 0 and s.counts.written + s.counts.rejected == 32
+    ds = datasets.load_dataset(str(tmp_path / "out"), split="train")
+    msgs = json.loads(ds[0]["messages"])
+    assert msgs[-1]["role"] == "assistant" and msgs[-1]["content"]
+    _report["regenerate"] = {"written": s.counts.written, "rejected": s.counts.rejected}
+    _dump()

@@ -44,6 +44,7 @@ from typing import Any, Iterable, Iterator
 
 from ..compat_sglang import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
 from ..records import CaptureResult, Reject, TokenizedSample
+from ..regenerate import Generation, Prompt
 from ..transport import (ENV, MANIFEST, MEMORY_FS, PLUGIN_ERROR, PLUGIN_STATS, Lease, RequestError, Ring,
                          TransportError, file_system_type, private_dir, remove_stale)
 from .base import BackendError, BackendItem, ModelInfo, check_layers, read_model_info
@@ -124,6 +125,7 @@ class SGLangBackend:
         self.request_timeout = float(request_timeout)
         self.url = sglang_url.rstrip("/") if sglang_url else None
         self.engine = None
+        self._seq = 0
         self.ring: Ring | None = None
         self._dir_lock = -1
         self._loop_thread: threading.Thread | None = None
@@ -235,8 +237,8 @@ class SGLangBackend:
         return {"sglang": self.sglang_version, "torch": torch.__version__}
 
     # -- requests ---------------------------------------------------------------------------------
-    def _submit(self, rid: str, ids: list[int]) -> cf.Future:
-        params = {"max_new_tokens": 1, "temperature": 0.0}
+    def _submit(self, rid: str, ids: list[int], params: dict | None = None) -> cf.Future:
+        params = params or {"max_new_tokens": 1, "temperature": 0.0}
         if self.url:
             body = json.dumps({"input_ids": ids, "sampling_params": params, "rid": rid}).encode()
 
@@ -264,6 +266,36 @@ class SGLangBackend:
                 if time.monotonic() > deadline:
                     raise BackendError(f"an SGLang request made no progress for {self.request_timeout:.0f}s; "
                                        "the engine hangs. Rerun the same command to resume.") from None
+
+    def generate(self, prompts: list[Prompt]) -> list[Generation]:
+        """Regenerate replies (:mod:`hs_dataset.regenerate`) on the same engine: ordinary requests with
+        ids that are not capture ids (their passes are never captured), at most ``max_inflight`` at once,
+        seeded per prompt (``sampling_seed``)."""
+        results: list[Generation | None] = [None] * len(prompts)
+        inflight: dict[int, cf.Future] = {}
+        pending = list(enumerate(prompts))[::-1]
+        while pending or inflight:
+            while pending and len(inflight) < self.max_inflight:
+                k, p = pending.pop()
+                o = p.options
+                params = {"max_new_tokens": p.max_new_tokens, "temperature": o.temperature, "top_p": o.top_p,
+                          "top_k": o.top_k, "stop_token_ids": list(p.stop_ids), "sampling_seed": p.seed,
+                          "skip_special_tokens": False}
+                self._seq += 1
+                inflight[k] = self._submit(f"hsgen-{self.ring.token}-{self._seq}", p.ids, params)
+            k = next(iter(inflight))
+            out = self._wait(inflight.pop(k))
+            out = out[0] if isinstance(out, list) else out
+            ids = list(out.get("output_ids") or [])
+            finish = (out.get("meta_info") or {}).get("finish_reason") or {}
+            kind = finish.get("type") if isinstance(finish, dict) else None
+            if kind == "abort":
+                raise BackendError(f"SGLang aborted a generation request: {finish.get('message')}")
+            stopped = kind == "stop"
+            if stopped and ids and ids[-1] in prompts[k].stop_ids:
+                ids = ids[:-1]
+            results[k] = Generation(ids, stopped)
+        return results  # type: ignore[return-value]
 
     def capture(self, samples: Iterable[TokenizedSample], *, encoding: str = "bfloat16") -> Iterator[BackendItem]:
         """Submit samples and yield results in input order, states as views of the ring.
