@@ -21,3 +21,10 @@ def backend(tiny_model):
     b = TransformersBackend(tiny_model, LAYERS, device="cpu", batch_tokens=2048)
     yield b
     b.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_norm_model(tmp_path_factory) -> str:
+    """The tiny Llama with random RMSNorm weights (U(0.5, 1.5)): post-norm differs from pre-norm."""
+    return str(make_tiny_model_dir(tmp_path_factory.getbasetemp() / "tiny-chatml-norms", template="chatml", seed=0,
+                                   random_norms=True))
