@@ -38,21 +38,10 @@ COLS = [f"hidden_layer_{k}" for k in LAYERS] + ["hidden_final"]
 FP8_BOUND = 2.0**-4 + 2.0**-8  # e4m3 rounding (<= 2^-4 of the value) + the bf16 rounding of the decoded value
 
 
-@pytest.fixture(scope="module")
-def bf16_ds(tiny_model, tmp_path_factory) -> Path:
-    return build_tiny(tiny_model, tmp_path_factory.mktemp("bf16") / "ds")
-
-
-@pytest.fixture(scope="module")
-def pre_ds(tiny_norm_model, tmp_path_factory) -> Path:
-    """Layers 0, 1 and 3 = L-1 (pre-norm) on the model whose norm weights are not all ones."""
-    return build_tiny(tiny_norm_model, tmp_path_factory.mktemp("pre") / "ds", layers=PRE_LAYERS)
-
-
-def test_export_writes_specforges_offline_layout(bf16_ds, tmp_path):
+def test_export_writes_specforges_offline_layout(interop_ds, tmp_path):
     out = tmp_path / "sf"
-    s = export_specforge(bf16_ds, out, group_size=5)
-    src = rows(bf16_ds)
+    s = export_specforge(interop_ds, out, group_size=5)
+    src = rows(interop_ds)
     assert s.samples == len(src) == 12
     assert sorted(p.name for p in out.iterdir()) == [LAYER_IDS_FILE, EXPORT_SIDECAR, "rows_0-5", "rows_10-15",
                                                      "rows_5-10"]
@@ -74,7 +63,7 @@ def test_export_writes_specforges_offline_layout(bf16_ds, tmp_path):
     assert ids["vllm"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM: the input of layer k + 1
     assert ids["sglang"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # llama.py adds 1
     with pytest.raises(InteropError, match="not empty"):
-        export_specforge(bf16_ds, out)
+        export_specforge(interop_ds, out)
 
 
 def test_layer_ids_per_engine_and_model_class():
@@ -92,21 +81,21 @@ def test_layer_ids_per_engine_and_model_class():
     assert default_layers(61) == (1, 29, 57)
 
 
-def test_exports_refuse_what_the_peer_cannot_take(bf16_ds, pre_ds, tmp_path):
+def test_exports_refuse_what_the_peer_cannot_take(interop_ds, interop_pre_ds, tmp_path):
     with pytest.raises(InteropError, match="exactly 3 aux layers.*--layers"):
-        export_specforge(bf16_ds, tmp_path / "a", layers=(0, 1))
+        export_specforge(interop_ds, tmp_path / "a", layers=(0, 1))
     with pytest.raises(InteropError, match=r"hs_dataset layer 3.*build with layers=\[0, 1, 2, 3\]"):
-        export_dataset(bf16_ds, "speculators", tmp_path / "b")
+        export_dataset(interop_ds, "speculators", tmp_path / "b")
     with pytest.raises(InteropError, match="stored layers"):
-        export_dataset(bf16_ds, "modelopt", tmp_path / "c", layers=(0, 3))
-    s = export_specforge(pre_ds, tmp_path / "d", layers=PRE_LAYERS)  # L-1 as an aux layer: no SGLang ids
+        export_dataset(interop_ds, "modelopt", tmp_path / "c", layers=(0, 3))
+    s = export_specforge(interop_pre_ds, tmp_path / "d", layers=PRE_LAYERS)  # L-1 as an aux layer: no SGLang ids
     assert s.warnings and "no SGLang layer ids" in s.warnings[0]
     assert s.layer_ids["sglang"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] is None
 
 
 @pytest.mark.parametrize("fmt", ["specforge", "speculators", "modelopt"])
-def test_round_trip_is_bit_identical(fmt, bf16_ds, pre_ds, tmp_path):
-    src = pre_ds if fmt == "speculators" else bf16_ds
+def test_round_trip_is_bit_identical(fmt, interop_ds, interop_pre_ds, tmp_path):
+    src = interop_pre_ds if fmt == "speculators" else interop_ds
     export_dataset(src, fmt, tmp_path / "x")
     s = import_dataset(tmp_path / "x", fmt, tmp_path / "back")
     assert s.written == s.samples == 12 and s.rejected == 0
@@ -116,18 +105,18 @@ def test_round_trip_is_bit_identical(fmt, bf16_ds, pre_ds, tmp_path):
     assert meta["layers"] == old["layers"] and meta["model"] == old["model"]
     assert meta["backend"]["name"] == f"import-{fmt}" and meta["counts"]["written"] == 12
     if fmt == "speculators":  # hidden_final was computed: the metadata says so
-        assert "RMSNorm(hidden_layer_L-1)" in meta["backend"]["options"]["final"]
+        assert "RMSNorm(hidden_layer_3)" in meta["backend"]["options"]["final"]
     # resumable like a build: running it again redoes nothing and changes nothing
     again = import_dataset(tmp_path / "x", fmt, tmp_path / "back")
     assert again.written == 12
     assert_same_rows(rows(src), rows(tmp_path / "back"))
 
 
-def test_round_trip_through_modelopt_with_the_prenorm_layer(pre_ds, tmp_path):
-    export_dataset(pre_ds, "modelopt", tmp_path / "mo", layers=PRE_LAYERS)
+def test_round_trip_through_modelopt_with_the_prenorm_layer(interop_pre_ds, tmp_path):
+    export_dataset(interop_pre_ds, "modelopt", tmp_path / "mo", layers=PRE_LAYERS)
     import_dataset(tmp_path / "mo", "modelopt", tmp_path / "back")
     back = rows(tmp_path / "back")
-    assert_same_rows(rows(pre_ds), back)
+    assert_same_rows(rows(interop_pre_ds), back)
     ds = datasets.load_dataset(str(tmp_path / "back"), split="train")  # a real build directory
     assert len(ds) == 12 and ds.features["hidden_final"].shape == (None, 64)
 
@@ -144,9 +133,9 @@ def _pad_specforge_file(p: Path, n: int, pad_id: int = 0) -> None:
     torch.save(d, p)
 
 
-def test_import_specforge_strips_pad_tails(bf16_ds, tiny_model, tmp_path):
+def test_import_specforge_strips_pad_tails(interop_ds, tiny_model, tmp_path):
     sf = tmp_path / "sf"
-    export_specforge(bf16_ds, sf)
+    export_specforge(interop_ds, sf)
     (sf / EXPORT_SIDECAR).unlink()  # as SpecForge itself writes them: no ids, no layer record
     _pad_specforge_file(specforge_file(sf, 3), 137)
     _pad_specforge_file(specforge_file(sf, 7), 5)
@@ -163,7 +152,7 @@ def test_import_specforge_strips_pad_tails(bf16_ds, tiny_model, tmp_path):
     s = import_dataset(sf, "specforge", tmp_path / "back", model=tiny_model, layers=LAYERS)
     got = rows(tmp_path / "back")
     assert [r["id"] for r in got] == [f"specforge:{i}" for i in range(12)]
-    assert_same_rows(rows(bf16_ds), got, ids=False)
+    assert_same_rows(rows(interop_ds), got, ids=False)
     assert any("142 tokens" in n and "from 2 samples" in n for n in s.notes)
     opts = json.loads((tmp_path / "back" / "hs_dataset.json").read_text())["backend"]["options"]
     assert opts["pad_tail_tokens"] == 142 and opts["pad_tail_samples"] == 2 and opts["pad_id"] == 0
@@ -173,10 +162,10 @@ def test_import_specforge_strips_pad_tails(bf16_ds, tiny_model, tmp_path):
     assert kept[3]["input_ids"].shape[0] == got[3]["input_ids"].shape[0] + 137
 
 
-def test_import_checks_hidden_size_and_layers(bf16_ds, tmp_path):
-    export_specforge(bf16_ds, tmp_path / "sf")
+def test_import_checks_hidden_size_and_layers(interop_ds, tmp_path):
+    export_specforge(interop_ds, tmp_path / "sf")
     other = tmp_path / "other"
-    shutil.copytree(json.loads((bf16_ds / "hs_dataset.json").read_text())["model"]["path"], other)
+    shutil.copytree(json.loads((interop_ds / "hs_dataset.json").read_text())["model"]["path"], other)
     cfg = json.loads((other / "config.json").read_text())
     cfg["hidden_size"] = 128
     (other / "config.json").write_text(json.dumps(cfg))
@@ -186,9 +175,9 @@ def test_import_checks_hidden_size_and_layers(bf16_ds, tmp_path):
         import_dataset(tmp_path / "sf", "specforge", tmp_path / "b", layers=(0, 1))
 
 
-def test_bad_files_are_rejects_with_the_ids_their_rows_would_have_had(bf16_ds, tiny_model, tmp_path):
+def test_bad_files_are_rejects_with_the_ids_their_rows_would_have_had(interop_ds, tiny_model, tmp_path):
     sf = tmp_path / "sf"
-    export_specforge(bf16_ds, sf)
+    export_specforge(interop_ds, sf)
     (sf / EXPORT_SIDECAR).unlink()
     specforge_file(sf, 2).write_bytes(b"not a torch file")
     d = torch.load(specforge_file(sf, 5), weights_only=True)
@@ -197,16 +186,21 @@ def test_bad_files_are_rejects_with_the_ids_their_rows_would_have_had(bf16_ds, t
     d = torch.load(specforge_file(sf, 9), weights_only=True)
     d["aux_hidden_state"] = d["aux_hidden_state"][..., :-64]  # two layers instead of three
     torch.save(d, specforge_file(sf, 9))
+    d = torch.load(specforge_file(sf, 10), weights_only=True)
+    d["hidden_state"][0, 2, 5] = float("nan")
+    torch.save(d, specforge_file(sf, 10))
     s = import_dataset(sf, "specforge", tmp_path / "back", model=tiny_model, layers=LAYERS)
-    assert (s.samples, s.written, s.rejected) == (12, 9, 3)
+    bad = (2, 5, 9, 10)
+    assert (s.samples, s.written, s.rejected) == (12, 8, 4)
     rejects = [json.loads(line) for line in (tmp_path / "back" / "rejects.jsonl").read_text().splitlines()]
-    assert [(r["sample_id"], r["field"], r["stage"]) for r in rejects] == [
-        ("specforge:2", "file", "import"), ("specforge:5", "input_ids[3]", "import"),
-        ("specforge:9", "hidden_states", "import")]
-    assert "unreadable" in rejects[0]["reason"] and "outside the vocabulary" in rejects[1]["reason"]
+    assert sorted((r["sample_id"], r["field"], r["stage"]) for r in rejects) == [
+        ("specforge:10", "hidden_final", "encode"), ("specforge:2", "file", "import"),
+        ("specforge:5", "input_ids[3]", "import"), ("specforge:9", "hidden_states", "import")]
+    reasons = {r["sample_id"]: r["reason"] for r in rejects}
+    assert "unreadable" in reasons["specforge:2"] and "outside the vocabulary" in reasons["specforge:5"]
     got = rows(tmp_path / "back")
-    assert [r["id"] for r in got] == [f"specforge:{i}" for i in range(12) if i not in (2, 5, 9)]
-    assert_same_rows([r for i, r in enumerate(rows(bf16_ds)) if i not in (2, 5, 9)], got, ids=False)
+    assert [r["id"] for r in got] == [f"specforge:{i}" for i in range(12) if i not in bad]
+    assert_same_rows([r for i, r in enumerate(rows(interop_ds)) if i not in bad], got, ids=False)
 
 
 def fp8_rel_error(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
@@ -215,11 +209,11 @@ def fp8_rel_error(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
     return float(e.max()), float(e.mean())
 
 
-def test_fp8_import_and_export_stay_within_the_fp8_error(bf16_ds, tmp_path):
-    export_specforge(bf16_ds, tmp_path / "sf")
+def test_fp8_import_and_export_stay_within_the_fp8_error(interop_ds, tmp_path):
+    export_specforge(interop_ds, tmp_path / "sf")
     import_dataset(tmp_path / "sf", "specforge", tmp_path / "fp8", storage_dtype="fp8_e4m3")
     assert json.loads((tmp_path / "fp8" / "hs_dataset.json").read_text())["storage_dtype"] == "fp8_e4m3"
-    ref, got = rows(bf16_ds), rows(tmp_path / "fp8")
+    ref, got = rows(interop_ds), rows(tmp_path / "fp8")
     worst = 0.0
     for x, y in zip(ref, got):
         assert x["id"] == y["id"] and torch.equal(x["input_ids"], y["input_ids"])
@@ -234,16 +228,16 @@ def test_fp8_import_and_export_stay_within_the_fp8_error(bf16_ds, tmp_path):
     assert_same_rows(got, rows(tmp_path / "back"))
 
 
-def test_fp8_build_within_error_of_a_bf16_build(bf16_ds, tiny_model, tmp_path):
+def test_fp8_build_within_error_of_a_bf16_build(interop_ds, tiny_model, tmp_path):
     fp8 = build_tiny(tiny_model, tmp_path / "fp8", storage_dtype="fp8_e4m3")
-    for x, y in zip(rows(bf16_ds), rows(fp8)):
+    for x, y in zip(rows(interop_ds), rows(fp8)):
         for c in COLS:
             assert fp8_rel_error(x[c], y[c])[0] <= FP8_BOUND
 
 
-def test_speculators_export_layout(pre_ds, tmp_path):
-    s = export_dataset(pre_ds, "speculators", tmp_path / "data")
-    src = rows(pre_ds)
+def test_speculators_export_layout(interop_pre_ds, tmp_path):
+    s = export_dataset(interop_pre_ds, "speculators", tmp_path / "data")
+    src = rows(interop_pre_ds)
     ds = datasets.load_from_disk(str(tmp_path / "data"))
     assert ds.column_names == ["input_ids", "loss_mask", "seq_len"] and len(ds) == 12
     assert ds.format["type"] == "torch"  # as speculators prepare-data saves it
@@ -275,8 +269,8 @@ def write_speculators(ds_rows: list[dict], data: Path, columns: list[str]) -> No
                   str(data / "hidden_states" / f"hs_{i}.safetensors"))
 
 
-def test_import_speculators_labels_the_last_entry_as_layer_l_minus_1(pre_ds, tiny_norm_model, tmp_path):
-    src = rows(pre_ds)
+def test_import_speculators_labels_the_last_entry_as_layer_l_minus_1(interop_pre_ds, tiny_norm_model, tmp_path):
+    src = rows(interop_pre_ds)
     write_speculators(src, tmp_path / "data", [f"hidden_layer_{k}" for k in PRE_LAYERS])
     s = import_dataset(tmp_path / "data", "speculators", tmp_path / "back", model=tiny_norm_model,
                        layers=PRE_LAYERS)
@@ -292,16 +286,16 @@ def test_import_speculators_labels_the_last_entry_as_layer_l_minus_1(pre_ds, tin
         import_dataset(tmp_path / "data", "speculators", tmp_path / "x", model=tiny_norm_model, layers=(0, 1, 2))
 
 
-def test_import_speculators_needs_the_norm_weights(pre_ds, tiny_norm_model, tmp_path):
-    write_speculators(rows(pre_ds), tmp_path / "data", [f"hidden_layer_{k}" for k in PRE_LAYERS])
+def test_import_speculators_needs_the_norm_weights(interop_pre_ds, tiny_norm_model, tmp_path):
+    write_speculators(rows(interop_pre_ds), tmp_path / "data", [f"hidden_layer_{k}" for k in PRE_LAYERS])
     no_weights = tmp_path / "config_only"
     shutil.copytree(tiny_norm_model, no_weights, ignore=shutil.ignore_patterns("*.safetensors"))
     with pytest.raises(InteropError, match="before the final norm.*pass --model with the model's weights"):
         import_dataset(tmp_path / "data", "speculators", tmp_path / "x", model=str(no_weights), layers=PRE_LAYERS)
 
 
-def test_import_speculators_per_sample_rejects(pre_ds, tiny_norm_model, tmp_path):
-    src = rows(pre_ds)
+def test_import_speculators_per_sample_rejects(interop_pre_ds, tiny_norm_model, tmp_path):
+    src = rows(interop_pre_ds)
     data = tmp_path / "data"
     write_speculators(src, data, [f"hidden_layer_{k}" for k in PRE_LAYERS])
     hs = data / "hidden_states"
@@ -355,7 +349,7 @@ def test_import_speculators_legacy_files_read_their_data_config(with_config, tin
     assert_same_rows(src, rows(tmp_path / "back"), ids=False)
 
 
-def test_import_modelopt_post_and_pre_norm(bf16_ds, pre_ds, tiny_model, tiny_norm_model, tmp_path):
+def test_import_modelopt_post_and_pre_norm(interop_ds, interop_pre_ds, tiny_model, tiny_norm_model, tmp_path):
     def dump(ds_rows, out, final_col, aux, prenorm=None):
         out.mkdir()
         for r in ds_rows:  # compute_hidden_states_hf.py's dict
@@ -366,13 +360,13 @@ def test_import_modelopt_post_and_pre_norm(bf16_ds, pre_ds, tiny_model, tiny_nor
                 d["hidden_states_prenorm"] = prenorm
             torch.save(d, out / f"{r['id']}.pt")
 
-    a = rows(bf16_ds)
+    a = rows(interop_ds)
     dump(a, tmp_path / "post", "hidden_final", LAYERS)
     import_dataset(tmp_path / "post", "modelopt", tmp_path / "b1", model=tiny_model, layers=LAYERS)
     got = rows(tmp_path / "b1")
     assert sorted(r["id"] for r in got) == sorted(r["id"] for r in a)  # conversation_id is the sample id
     assert_same_rows(sorted(a, key=lambda r: r["id"]), sorted(got, key=lambda r: r["id"]))
-    b = rows(pre_ds)
+    b = rows(interop_pre_ds)
     dump(b, tmp_path / "pre", "hidden_layer_3", (0, 1), prenorm=True)
     import_dataset(tmp_path / "pre", "modelopt", tmp_path / "b2", model=tiny_norm_model, layers=PRE_LAYERS)
     assert_same_rows(sorted(b, key=lambda r: r["id"]), sorted(rows(tmp_path / "b2"), key=lambda r: r["id"]))
@@ -383,13 +377,13 @@ def test_import_modelopt_post_and_pre_norm(bf16_ds, pre_ds, tiny_model, tiny_nor
     assert_same_rows(rows(tmp_path / "b2"), rows(tmp_path / "b3"))
 
 
-def test_cli_export_and_import(bf16_ds, pre_ds, tmp_path, capsys):
-    assert cli(["export", str(bf16_ds), "--to", "specforge", str(tmp_path / "sf"), "--group-size", "4"]) == 0
+def test_cli_export_and_import(interop_ds, interop_pre_ds, tmp_path, capsys):
+    assert cli(["export", str(interop_ds), "--to", "specforge", str(tmp_path / "sf"), "--group-size", "4"]) == 0
     assert (tmp_path / "sf" / "rows_8-12" / "data_11.ckpt").exists()
     assert cli(["import", str(tmp_path / "sf"), "--from", "specforge", str(tmp_path / "back"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "exported 12 samples" in out and "imported 12 samples" in out and "vLLM [1, 2, 3]" in out
-    assert_same_rows(rows(bf16_ds), rows(tmp_path / "back"))
+    assert_same_rows(rows(interop_ds), rows(tmp_path / "back"))
     meta = json.loads((tmp_path / "back" / "hs_dataset.json").read_text())
     assert meta["build_command"].startswith("hs-dataset import")
     assert cli(["import", str(tmp_path / "sf"), "--from", "specforge", str(tmp_path / "fp8"), "--no-progress",
@@ -397,11 +391,11 @@ def test_cli_export_and_import(bf16_ds, pre_ds, tmp_path, capsys):
     assert json.loads((tmp_path / "fp8" / "hs_dataset.json").read_text())["storage_dtype"] == "fp8_e4m3"
     np.testing.assert_array_equal([r["num_tokens"] for r in datasets.load_dataset(str(tmp_path / "fp8"),
                                                                                     split="train")],
-                                  [int(r["input_ids"].shape[0]) for r in rows(bf16_ds)])
-    assert cli(["export", str(pre_ds), "--to", "speculators", str(tmp_path / "sp")]) == 0
+                                  [int(r["input_ids"].shape[0]) for r in rows(interop_ds)])
+    assert cli(["export", str(interop_pre_ds), "--to", "speculators", str(tmp_path / "sp")]) == 0
     assert cli(["import", str(tmp_path / "sp"), "--from", "speculators", str(tmp_path / "sp_back"),
                 "--no-progress"]) == 0
     assert "RMSNorm" in capsys.readouterr().out
-    assert_same_rows(rows(pre_ds), rows(tmp_path / "sp_back"))
+    assert_same_rows(rows(interop_pre_ds), rows(tmp_path / "sp_back"))
     with pytest.raises(SystemExit, match="exactly 3 aux layers"):
-        cli(["export", str(bf16_ds), "--to", "specforge", str(tmp_path / "x"), "--layers", "0,1"])
+        cli(["export", str(interop_ds), "--to", "specforge", str(tmp_path / "x"), "--layers", "0,1"])

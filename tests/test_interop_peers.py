@@ -30,28 +30,10 @@ import torch
 from safetensors.torch import save_file
 
 from hs_dataset.interop import export_dataset, import_dataset, specforge_file
-from tests.interoptools import (
-    LAYERS,
-    PRE_LAYERS,
-    assert_same_rows,
-    bits,
-    build_tiny,
-    rms_norm_reference,
-    rows,
-)
+from tests.interoptools import LAYERS, PRE_LAYERS, assert_same_rows, bits, rms_norm_reference, rows
 
 REASON = "the peers' packages are not installed (.ci/run installs them: pip install --no-deps ...)"
 H = 64
-
-
-@pytest.fixture(scope="module")
-def bf16_ds(tiny_model, tmp_path_factory) -> Path:
-    return build_tiny(tiny_model, tmp_path_factory.mktemp("bf16") / "ds")
-
-
-@pytest.fixture(scope="module")
-def pre_ds(tiny_norm_model, tmp_path_factory) -> Path:
-    return build_tiny(tiny_norm_model, tmp_path_factory.mktemp("pre") / "ds", layers=PRE_LAYERS)
 
 
 def _eq(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -61,7 +43,7 @@ def _eq(a: torch.Tensor, b: torch.Tensor) -> bool:
 # -- SpecForge ---------------------------------------------------------------------------------------
 
 
-def test_specforge_reads_our_export(bf16_ds, tmp_path):
+def test_specforge_reads_our_export(interop_ds, tmp_path):
     pytest.importorskip("specforge", reason=REASON)
     from specforge.algorithms.eagle3.data import (
         build_offline_collator,
@@ -73,8 +55,8 @@ def test_specforge_reads_our_export(bf16_ds, tmp_path):
     from specforge.runtime.data_plane.feature_dataloader import FeatureDataLoader
     from specforge.runtime.data_plane.feature_store import LocalFeatureStore
 
-    export_dataset(bf16_ds, "specforge", tmp_path / "sf", group_size=5)
-    ours = rows(bf16_ds)
+    export_dataset(interop_ds, "specforge", tmp_path / "sf", group_size=5)
+    ours = rows(interop_ds)
     by_path = {str(specforge_file(tmp_path / "sf", i, 5).resolve()): r for i, r in enumerate(ours)}
 
     def check(item: dict, r: dict) -> None:
@@ -109,7 +91,7 @@ def test_specforge_reads_our_export(bf16_ds, tmp_path):
     assert seen == set(refs) and len(seen) == 12
 
 
-def test_specforge_020_padded_batches_import_without_their_pad_tails(bf16_ds, tiny_model, tmp_path):
+def test_specforge_020_padded_batches_import_without_their_pad_tails(interop_ds, tiny_model, tmp_path):
     pytest.importorskip("specforge", reason=REASON)
     from specforge.algorithms.common.providers import OfflineCaptureLayout
     from specforge.data.utils import DataCollatorWithPadding
@@ -118,7 +100,7 @@ def test_specforge_020_padded_batches_import_without_their_pad_tails(bf16_ds, ti
     layout = OfflineCaptureLayout(capture_method="eagle3", aux_feature="aux_hidden_state",
                                   last_hidden_feature="hidden_state",
                                   passthrough=(("input_ids", "input_ids"), ("loss_mask", "loss_mask")))
-    ours = rows(bf16_ds)
+    ours = rows(interop_ds)
     g = torch.Generator().manual_seed(0)
     out = tmp_path / "sf"
     for b0 in range(0, 12, 4):  # --batch-size 4: each padded row is captured whole, pad tail included
@@ -151,15 +133,15 @@ def test_specforge_020_padded_batches_import_without_their_pad_tails(bf16_ds, ti
 # -- speculators + hs-connectors ---------------------------------------------------------------------
 
 
-def test_speculators_reads_our_export(pre_ds, tmp_path):
+def test_speculators_reads_our_export(interop_pre_ds, tmp_path):
     pytest.importorskip("speculators", reason=REASON)
     import datasets
     from speculators.train.data import ArrowDataset, CollateFn
     from speculators.train.vocab_mapping import save_token_frequency_distribution
 
-    export_dataset(pre_ds, "speculators", tmp_path / "data")
+    export_dataset(interop_pre_ds, "speculators", tmp_path / "data")
     ds = ArrowDataset(max_len=2048, datapath=str(tmp_path / "data"), on_missing="raise")
-    ours = rows(pre_ds)
+    ours = rows(interop_pre_ds)
     assert len(ds) == 12 and ds.approx_lengths == [int(r["input_ids"].shape[0]) for r in ours]
     items = []
     for i, r in enumerate(ours):
@@ -200,12 +182,12 @@ def _vllm_files(ours: list[dict], data: Path, fp8: bool) -> None:
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_vllm_files_import_with_the_right_labels(fp8, pre_ds, tiny_norm_model, tmp_path):
+def test_vllm_files_import_with_the_right_labels(fp8, interop_pre_ds, tiny_norm_model, tmp_path):
     pytest.importorskip("hs_connectors", reason=REASON)
     from hs_connectors import FP8Transfer
     from safetensors.torch import load_file
 
-    ours = rows(pre_ds)
+    ours = rows(interop_pre_ds)
     _vllm_files(ours, tmp_path / "data", fp8)
     # vLLM's default ids [2, L//2, L-3] + [L] do not fit 4 layers: the ids used were [1, 2, 4] = ours + 1
     import_dataset(tmp_path / "data", "speculators", tmp_path / "back", model=tiny_norm_model, layers=PRE_LAYERS)
@@ -251,11 +233,11 @@ def modelopt_eagle_utils():
         sys.modules.update(saved)
 
 
-def test_modelopt_reads_our_export(bf16_ds, tmp_path, modelopt_eagle_utils):
-    export_dataset(bf16_ds, "modelopt", tmp_path / "mo")
+def test_modelopt_reads_our_export(interop_ds, tmp_path, modelopt_eagle_utils):
+    export_dataset(interop_ds, "modelopt", tmp_path / "mo")
     files = sorted(str(p) for p in (tmp_path / "mo").rglob("*.pt"))  # as eagle_utils.py lists them
     ds = modelopt_eagle_utils.OfflineSupervisedDataset(files, answer_only_loss=True)
-    ours = {r["id"]: r for r in rows(bf16_ds)}
+    ours = {r["id"]: r for r in rows(interop_ds)}
     assert len(ds) == 12
     items = [ds[i] for i in range(12)]
     for f, item in zip(files, items):

@@ -42,8 +42,9 @@ class FinalNorm:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
-    def describe(self) -> str:
-        return (f"hidden_final = RMSNorm(hidden_layer_L-1) computed by hs_dataset with {self.tensor_name} "
+    def describe(self, layer: int) -> str:
+        """What ``hidden_final`` is, for the metadata (``layer``: the pre-norm last layer, ``L-1``)."""
+        return (f"hidden_final = RMSNorm(hidden_layer_{layer}) computed by hs_dataset with {self.tensor_name} "
                 f"(eps {self.eps}, {self.model_type}, HF LlamaRMSNorm arithmetic)")
 
 

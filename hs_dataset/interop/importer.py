@@ -200,8 +200,8 @@ def run_import(src: ForeignSource, out: str | os.PathLike, *, model: str, source
     if src.last == "prenorm":
         norm = load_final_norm(model, f"the {src.fmt} files hold the last layer before the final norm (stored as "
                                       f"hidden_layer_{info.num_layers - 1}); hidden_final must be computed from it")
-        options["final"] = norm.describe()
-        notes.append(norm.describe())
+        options["final"] = norm.describe(info.num_layers - 1)
+        notes.append(options["final"])
     else:
         options["final"] = f"hidden_final = the {src.fmt} files' post-norm final state"
     flags: dict[str, Any] = {}
@@ -223,8 +223,9 @@ def run_import(src: ForeignSource, out: str | os.PathLike, *, model: str, source
         tmp = index.with_name(f".{index.name}.tmp")
         tmp.write_text(text)
         os.replace(tmp, index)
+    # NaN/Inf in one file is that sample's reject, as every other bad file (SpecForge's writer skips them too)
     config = HiddenStatesConfig(model=str(model), layers=use, source=str(index), max_length=max_len,
-                                truncation="reject", backend=name, storage_dtype=storage_dtype,
+                                truncation="reject", on_nonfinite="reject", backend=name, storage_dtype=storage_dtype,
                                 file_format=file_format, part_size=part_size, backend_options=options)
     backend = FileCaptureBackend(src, info, use, norm)
     s = build(config, out, backend=backend, progress=progress, build_command=build_command)

@@ -31,16 +31,7 @@ import torch
 
 from ..errors import SampleError
 from ..layout import FINAL_COLUMN
-from .common import (
-    ExportFrame,
-    ExportSummary,
-    ImportedSample,
-    InteropError,
-    Peek,
-    SourceFile,
-    read_sidecar,
-    torch_load,
-)
+from .common import ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile, read_sidecar, torch_load
 from .importer import ForeignSource
 
 __all__ = ["export_modelopt", "modelopt_default_layers", "modelopt_file_name", "modelopt_source"]

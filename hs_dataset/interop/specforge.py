@@ -36,17 +36,8 @@ import torch
 
 from ..errors import SampleError
 from ..layout import FINAL_COLUMN
-from .common import (
-    ExportFrame,
-    ExportSummary,
-    ImportedSample,
-    InteropError,
-    Peek,
-    SourceFile,
-    index_of,
-    read_sidecar,
-    torch_load,
-)
+from .common import (ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile, index_of,
+                     read_sidecar, torch_load)
 from .importer import ForeignSource
 
 __all__ = ["SPECFORGE_GROUP_SIZE", "SPECFORGE_PAD_ID", "export_specforge", "list_specforge", "specforge_file",

@@ -41,17 +41,8 @@ import numpy as np
 import torch
 
 from ..errors import SampleError
-from .common import (
-    ExportFrame,
-    ExportSummary,
-    ImportedSample,
-    InteropError,
-    Peek,
-    SourceFile,
-    index_of,
-    read_sidecar,
-    torch_load,
-)
+from .common import (ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile, index_of,
+                     read_sidecar, torch_load)
 from .importer import ForeignSource
 
 __all__ = ["export_speculators", "fp8_dequantize", "speculators_source"]
@@ -84,11 +75,11 @@ def export_speculators(src: str | os.PathLike, out: str | os.PathLike, *,
 
     x = ExportFrame("speculators", src, out, layers)
     last = x.num_layers - 1
-    x.require(last in x.stored and last not in x.aux,
-              f"speculators' files end with the verifier's last layer before the final norm (hs_dataset layer "
-              f"{last}); {x.src} stores {x.stored}: build with layers={sorted(set(x.stored) | {last})} "
-              f"(e.g. --set layers={sorted(set(x.stored) | {last})}) and export again"
-              if last not in x.stored else f"layer {last} is written as the last entry: leave it out of --layers")
+    want = sorted(set(x.stored) | {last})
+    x.require(last in x.stored, f"speculators' files end with the verifier's last layer before the final norm "
+                                f"(hs_dataset layer {last}); {x.src} stores {x.stored}: build with layers={want} "
+                                f"(--set layers={want}) and export again")
+    x.require(last not in x.aux, f"layer {last} is written as the last entry: leave it out of --layers")
     cols = x.aux_columns() + [f"hidden_layer_{last}"]
     hs_dir = x.out / HS_DIR
     rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
