@@ -198,8 +198,13 @@ def make_tiny_llama(
     bos_token_id: int | None = None,
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
+    random_norms: bool = False,
 ) -> LlamaForCausalLM:
-    """Make a random-weight ``LlamaForCausalLM`` (seeded) and save it in bfloat16 to ``out_dir``."""
+    """Make a random-weight ``LlamaForCausalLM`` (seeded) and save it in bfloat16 to ``out_dir``.
+
+    ``random_norms``: draw every RMSNorm weight from U(0.5, 1.5) instead of leaving it all ones (a
+    model on which "before" and "after" the final norm differ by more than a scale).
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -228,6 +233,11 @@ def make_tiny_llama(
     with torch.random.fork_rng(devices=[]):  # seed the CPU generator without touching the caller's
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
+        if random_norms:
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    with torch.no_grad():
+                        p.uniform_(0.5, 1.5)
     model = model.to(torch.bfloat16).eval()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -239,11 +249,12 @@ _MARKER = "tiny_model.json"
 _DONE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
-def make_tiny_model_dir(out_dir: str | os.PathLike[str], template: str = "chatml", seed: int = 0) -> Path:
+def make_tiny_model_dir(out_dir: str | os.PathLike[str], template: str = "chatml", seed: int = 0,
+                        random_norms: bool = False) -> Path:
     """Make a tiny tokenizer + random Llama in ``out_dir`` (idempotent, deterministic for a seed).
 
     If the directory already holds a complete tiny model, return at once; if it was made with
-    another template or seed, raise (use another directory).
+    another template, seed or ``random_norms`` (see :func:`make_tiny_llama`), raise (use another directory).
     """
     _check_style(template)
     out = Path(out_dir)
@@ -251,10 +262,11 @@ def make_tiny_model_dir(out_dir: str | os.PathLike[str], template: str = "chatml
     if all((out / f).exists() for f in _DONE_FILES):
         if marker.exists():
             made = json.loads(marker.read_text(encoding="utf-8"))
-            if made.get("template") != template or made.get("seed") != seed:
+            if (made.get("template"), made.get("seed"), made.get("random_norms", False)) != (template, seed,
+                                                                                           random_norms):
                 raise ValueError(
                     f"{out} already holds a tiny model made with {made}, not "
-                    f"template={template!r} seed={seed}; use another directory or delete it"
+                    f"template={template!r} seed={seed} random_norms={random_norms}; use another directory or delete it"
                 )
         return out
     tok = make_tiny_tokenizer(out, template)
@@ -265,6 +277,8 @@ def make_tiny_model_dir(out_dir: str | os.PathLike[str], template: str = "chatml
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
+        random_norms=random_norms,
     )
-    marker.write_text(json.dumps({"template": template, "seed": seed}) + "\n", encoding="utf-8")
+    made = {"template": template, "seed": seed, **({"random_norms": True} if random_norms else {})}
+    marker.write_text(json.dumps(made) + "\n", encoding="utf-8")
     return out

@@ -361,7 +361,8 @@ def test_specforge_round_trip_of_a_kimi_build_records_trust_remote_code(kimi_mod
     from hs_dataset.shard_writer import build
 
     source = write_thinking_source(tmp_path / "thinking.jsonl")
-    cfg = HiddenStatesConfig(model=str(kimi_model), source=str(source), layers=(0, 2, 3), max_length=512,
+    # three aux layers below L-1 (SpecForge's contract; L-1 is the pre-norm last layer, not an aux layer)
+    cfg = HiddenStatesConfig(model=str(kimi_model), source=str(source), layers=(0, 1, 2), max_length=512,
                              trust_remote_code=True, backend_options={"device": "cpu"})
     build(cfg, tmp_path / "built", progress=False)
     export_specforge(tmp_path / "built", tmp_path / "specforge")
