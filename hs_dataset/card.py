@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from .layout import FINAL_COLUMN, layer_column
+from .layout import FINAL_COLUMN, layer_column, utf8_safe
 
-__all__ = ["parse_history", "readme_header", "render_card", "render_readme", "split_readme"]
+__all__ = ["checksums_section", "parse_history", "readme_header", "render_card", "render_readme", "split_readme"]
 
 TEMPLATE_ENV = "HS_DATASET_CARD_TEMPLATE"
 # cards/dataset_card.md in a checkout; the same file (a symlink, copied into wheels) when installed.
@@ -150,6 +150,20 @@ def _responses(config: dict) -> str:
                                                                               sort_keys=True)) + "`"
 
 
+def checksums_section(metadata: dict, repo_id: str | None, version: str) -> str:
+    """Every shard's rows, bytes and xxh3-128 (from ``hs_dataset.json``'s ``shards``), and how to verify."""
+    shards = metadata.get("shards")
+    if not isinstance(shards, list) or not shards:
+        return "n/a: this build records no shard checksums."
+    target = f"{_code(repo_id)} --revision {_code(version)}" if repo_id else "DIR"
+    rows = ["| shard | rows | bytes | xxh3-128 |", "|---|---|---|---|"]
+    rows += [f"| `{_code(s.get('name'))}` | {_cell(s.get('rows'))} | {_cell(s.get('bytes'))} | `{_code(s.get('xxh3_128'))}` |"
+             for s in shards if isinstance(s, dict)]
+    return (f"Each shard's rows, size and xxh3-128 content hash, as recorded when it was written (also in "
+            f"`hs_dataset.json`, under `shards`). Check a copy with `hs-dataset verify {target}`.\n\n"
+            f"<details><summary>{len(shards)} shards</summary>\n\n" + "\n".join(rows) + "\n\n</details>")
+
+
 def _history_table(history: list[dict], tags: dict[str, str], current_version: str) -> str:
     rows = ["| version | commit | pushed (UTC) | notes |", "|---|---|---|---|"]
     for entry in history:
@@ -257,10 +271,12 @@ def render_card(metadata: dict, extra: dict) -> str:
         "format_version": _cell(metadata.get("format_version")),
         "versions_table": versions_table,
         "columns": ", ".join(f"`{_code(c)}`" for c in columns) or "n/a",
+        "checksums": checksums_section(metadata, extra.get("repo_id"), version),
         "build_command": build_command,
         "history_table": _history_table(history, tags, version) if history else "n/a",
         "force_note": force_note,
     }
     body = string.Template(template_text).safe_substitute(values)
     history_json = json.dumps(history, sort_keys=True).replace("--", "\\u002d\\u002d")
-    return f"{header}\n{body.rstrip()}\n\n<!-- {HISTORY_MARKER} {history_json} -->\n"
+    return utf8_safe(f"{header}\n{body.rstrip()}\n\n<!-- {HISTORY_MARKER} {history_json} -->\n")
+

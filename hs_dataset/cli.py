@@ -4,6 +4,7 @@
     hs-dataset inspect demo_out
     hs-dataset push demo_out org/name --version v1.0
     hs-dataset versions org/name
+    hs-dataset verify demo_out [--quick]          (or: hs-dataset verify org/name --revision v1.0)
     hs-dataset export demo_out --to specforge|speculators|modelopt out [--layers 1,29,57]
     hs-dataset import out --from specforge|speculators|modelopt demo_back [--model DIR] [--layers 1,29,57]
 """
@@ -135,6 +136,17 @@ def cmd_versions(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(a: argparse.Namespace) -> int:
+    from .verify import verify_build, verify_repo
+
+    if Path(a.target).is_dir() and a.revision is None:
+        report = verify_build(a.target, quick=a.quick)
+    else:
+        report = verify_repo(a.target, revision=a.revision, quick=a.quick)
+    print(report.message())
+    return 0 if report.ok else 1
+
+
 def _layers_arg(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
@@ -219,6 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("versions", help="list the versions of a dataset repo with their counts")
     v.add_argument("repo_id")
     v.set_defaults(fn=cmd_versions)
+    c = sub.add_parser("verify", help="check every shard of a build, or of a published version, against its "
+                                      "recorded size, rows and content hash (exit 1 naming the parts to rebuild)")
+    c.add_argument("target", help="a build directory, or a dataset repo id (org/name)")
+    c.add_argument("--revision", help="with a repo id: the version to download and check (default: main)")
+    c.add_argument("--quick", action="store_true", help="size, first/last MiB and rows only (a repo: the Hub's file "
+                                                        "list and sizes, nothing downloaded)")
+    c.set_defaults(fn=cmd_verify)
     e = sub.add_parser("export", help="write a built dataset in another tool's offline layout")
     e.add_argument("dir", help="a finished build directory")
     e.add_argument("--to", required=True, choices=("specforge", "speculators", "modelopt"), help="target layout")

@@ -3,8 +3,11 @@
 ``HiddenStatesConfig`` is a :class:`datasets.BuilderConfig`. Its choice fields are typed
 ``Literal``s from :mod:`hs_dataset.layout`; each field's ``metadata["help"]`` is its one-line
 documentation, from which ``hs-dataset build --help`` lists the fields (so the two cannot drift).
-Fields in :data:`CONTENT_FIELDS` decide the rows: a resumed build refuses a change of any of them.
-The others are performance knobs that may change between runs.
+Fields in :data:`CONTENT_FIELDS` decide the rows: a resumed build refuses a change of any of them,
+except ``on_nonfinite`` from ``fail`` to ``reject`` (:data:`hs_dataset.resume.RESUMABLE_CHANGES`:
+parts written under ``fail`` hold no non-finite state). The others (``backend_options``,
+``max_samples``, ``writer_batch_bytes``, ``max_shard_bytes``, ``trust_remote_code``) may change
+between runs without changing a row already written.
 """
 
 from __future__ import annotations

@@ -231,8 +231,9 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 except SampleError as e:
                     if cfg.on_nonfinite == "fail" and e.field in cols:
                         raise NonFiniteError(
-                            f"sample {item.sample.sample_id!r}, {e.field}: {e.reason}. The build stopped "
-                            "(--set on_nonfinite=reject writes such samples to rejects.jsonl instead)") from None
+                            f"sample {item.sample.sample_id!r}, {e.field}: {e.reason}. The build stopped; run "
+                            "the same command with --set on_nonfinite=reject (--on-nonfinite reject) to write such "
+                            "samples to rejects.jsonl instead: it resumes this build") from None
                     self._reject(Reject(item.sample.sample_id, e.field, e.reason, "encode"))
                     continue
                 self.counts.written += 1

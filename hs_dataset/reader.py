@@ -13,6 +13,12 @@ A local build directory is best opened with :func:`open_dataset`: it memory-maps
 where they are, whereas ``load_dataset(dir)`` first copies every shard into the ``datasets`` cache
 (a second full copy of the dataset, at a few hundred MB/s).
 
+Both :func:`open_dataset` and :func:`load_verified` (a published version or a local build, map-style
+or ``streaming=True``) refuse a build whose shards do not add up to what its ``hs_dataset.json``
+records: a missing or extra shard, a shard of another size or other rows (:class:`IntegrityError`).
+Plain ``load_dataset(..., streaming=True)`` cannot check that; ``hs-dataset verify`` checks the
+content hashes too.
+
 ``decode_row`` / ``iter_torch`` return the stored bf16 bits viewed as ``torch.bfloat16`` (zero
 copy). fp8-stored columns are decoded to bf16 (one multiply). Tensors viewing Arrow memory must
 not be written to; :class:`DrafterCollator` copies them once into the padded batch.
@@ -33,7 +39,9 @@ import pyarrow as pa
 import torch
 
 from .encode import fp8_decode
+from .errors import IntegrityError
 from .layout import DATA_DIR, FINAL_COLUMN, MESSAGES_COLUMN, layer_of, scale_column
+from .verify import Problem
 
 
 def _chunk_and_index(col: pa.ChunkedArray | pa.Array, i: int) -> tuple[pa.Array, int]:
@@ -116,17 +124,73 @@ def open_dataset(path: str | os.PathLike):
     so opening a 1 TB dataset takes milliseconds and its pages are read on first access. Parquet
     shards have no zero-copy form and go through ``load_dataset`` (which converts them into the
     ``datasets`` cache).
+
+    Raises:
+        NotABuildError: ``path`` is not a finished build (no ``hs_dataset.json``).
+        IntegrityError: a recorded shard is missing or of another size or row count, or ``data/``
+            holds a file that is not recorded (run ``hs-dataset verify`` for the full check).
     """
     import datasets
 
     root = Path(path)
-    files = sorted((root / DATA_DIR).glob("train-*.arrow"))
-    if files:
-        parts = [datasets.Dataset.from_file(str(f)) for f in files]
-        return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    if sorted((root / DATA_DIR).glob("train-*.parquet")):
+    meta, shards = _checked_listing(root)
+    if not shards:
+        raise FileNotFoundError(f"{root} holds no data/train-*.arrow or data/train-*.parquet shards")
+    if not shards[0]["name"].endswith(".arrow"):
         return datasets.load_dataset(str(root), split="train")
-    raise FileNotFoundError(f"{root} holds no data/train-*.arrow or data/train-*.parquet shards")
+    parts = [datasets.Dataset.from_file(str(root / DATA_DIR / s["name"])) for s in shards]
+    wrong = [Problem(f"{DATA_DIR}/{s['name']}", f"holds {len(d)} rows, {s['rows']} recorded")
+             for s, d in zip(shards, parts) if len(d) != int(s["rows"])]
+    if wrong:
+        raise IntegrityError(f"{root}: {'; '.join(map(str, wrong))}. Run `hs-dataset verify {root}`", wrong)
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _checked_listing(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A local build's metadata and shards, once ``data/`` is checked to hold exactly them."""
+    from .verify import VerifyReport, check_listing, read_meta, recorded_shards
+
+    meta = read_meta(root)
+    data = root / DATA_DIR
+    present = {p.name: p.stat().st_size for p in data.iterdir() if p.is_file()} if data.is_dir() else {}
+    problems, rows = check_listing(meta, present, str(root))
+    shards = recorded_shards(meta, str(root))
+    VerifyReport(str(root), True, len(shards), rows, problems,
+                 repair=f"Refusing to read it: run `hs-dataset verify {root}`, then the build again to repair it."
+                 ).raise_if_bad()
+    return meta, shards
+
+
+def load_verified(path_or_repo: str | os.PathLike, *, revision: str | None = None, split: str = "train",
+                  streaming: bool = False, token: str | None = None, endpoint: str | None = None, **kwargs: Any):
+    """``load_dataset`` of a published version (or a local build), after checking that its shards are
+    exactly the ones its ``hs_dataset.json`` records (names, sizes, rows add up): the check that
+    ``streaming=True`` cannot make itself. A local build, map-style, is :func:`open_dataset`.
+
+    Args:
+        path_or_repo: a build directory, or a dataset repo id (``org/name``).
+        revision: the version (tag) of a repo; the check and the load read the same commit.
+        split, streaming, kwargs: passed to ``datasets.load_dataset``.
+        token, endpoint: for the Hub.
+
+    Raises:
+        IntegrityError: a shard is missing, extra or of another size (names them).
+        NotABuildError: no ``hs_dataset.json``.
+    """
+    import datasets
+
+    root = Path(path_or_repo)
+    if root.is_dir():
+        if not streaming:
+            return open_dataset(root)
+        _checked_listing(root)
+        return datasets.load_dataset(str(root), split=split, streaming=True, **kwargs)
+    from .verify import verify_repo
+
+    report = verify_repo(str(path_or_repo), revision=revision, quick=True, token=token, endpoint=endpoint)
+    report.raise_if_bad()
+    return datasets.load_dataset(str(path_or_repo), revision=report.commit, split=split, streaming=streaming,
+                                 token=token, **kwargs)
 
 
 def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
@@ -315,4 +379,5 @@ class DrafterCollator:
         return batch
 
 
-__all__ = ["DrafterCollator", "column_bits", "decode_row", "decode_state", "iter_torch", "list_values", "open_dataset"]
+__all__ = ["DrafterCollator", "column_bits", "decode_row", "decode_state", "iter_torch", "list_values", "load_verified",
+           "open_dataset"]

@@ -26,6 +26,20 @@ and the earlier turns are context in their history form. Kimi-K2.5's template is
 every assistant turn up to the last one without tool calls, the last reply included, renders an
 empty ``<think></think>`` (its reasoning is not rendered), so the masked text of a turn is
 ``</think>`` (the generation prompt ends with ``<think>``), the reply and ``<|im_end|>``.
+
+**Bounded memory** (:func:`encode_bounded`): only a prefix of the rendered text is tokenized, so a
+50 MB conversation costs what a short one does. The prefix is the first ``C = 8 * (max_length +
+64)`` characters; while it tokenizes to fewer than ``max_length + 64`` tokens (and is not the whole
+text), ``C`` doubles. A token covers at most ``L`` characters (the vocabulary's longest token), so
+this ends by ``C <= 2 * L * (max_length + 64)`` characters, whatever the text's size. The kept
+tokens are those of the whole text: tokenizers match added tokens first, split the rest into
+pre-tokens (words, digit groups, whitespace runs) and tokenize each pre-token on its own, so a cut
+changes only the pre-token it falls in, and at least 64 tokens lie between the first
+``max_length`` tokens and the cut. (Only one pre-token of more than 64 tokens that reaches from the
+``max_length``-th token to the cut, e.g. tens of thousands of letters without a space, could make
+them differ; they are then those of the prefix, the same in every build.) A text cut this way has
+more than ``max_length`` tokens: ``truncation="truncate"`` keeps the first ``max_length``,
+``"reject"`` rejects it; the mask rule is unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 
@@ -50,6 +64,7 @@ __all__ = [
     "TRUNCATION_MODES",
     "assistant_char_spans",
     "chat_template_sha256",
+    "encode_bounded",
     "load_tokenizer",
     "render_conversation",
     "tokenize_conversation",
@@ -213,6 +228,25 @@ def _mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, in
     return mask
 
 
+CUT_MARGIN = 64  # tokens tokenized beyond max_length, between the kept tokens and the cut
+CUT_CHARS_PER_TOKEN = 8  # the first cut, in characters per token (doubled while too few tokens)
+_Enc = TypeVar("_Enc")
+
+
+def encode_bounded(text: str, max_length: int, encode: Callable[[str], _Enc],
+                   count: Callable[[_Enc], int]) -> tuple[_Enc, bool]:
+    """``encode`` a prefix of ``text`` long enough for ``max_length + CUT_MARGIN`` tokens (the rule
+    is in the module docstring) -> ``(encoding, cut)``; ``cut``: the text was longer than the prefix,
+    so it holds more than ``max_length`` tokens. ``count(encoding)`` is its number of tokens."""
+    limit = CUT_CHARS_PER_TOKEN * (max_length + CUT_MARGIN)
+    while len(text) > limit:
+        enc = encode(text[:limit])
+        if count(enc) >= max_length + CUT_MARGIN:
+            return enc, True
+        limit *= 2
+    return encode(text), False
+
+
 def _check_modes(max_length: int, mask: str, truncation: str) -> None:
     if not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
@@ -222,15 +256,17 @@ def _check_modes(max_length: int, mask: str, truncation: str) -> None:
         raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
 
 
-def _finish(sample_id: str, ids: np.ndarray, loss_mask: np.ndarray, *, max_length: int, truncation: str) -> TokenizedSample:
-    """Apply the truncation policy and the 'something to train on' check."""
+def _finish(sample_id: str, ids: np.ndarray, loss_mask: np.ndarray, *, max_length: int, truncation: str,
+            cut: bool = False) -> TokenizedSample:
+    """Apply the truncation policy and the 'something to train on' check (``cut``: ``ids`` are the
+    tokens of a prefix of the text, see :func:`encode_bounded`)."""
     n = int(ids.shape[0])
     truncated = False
     if n > max_length:
         if truncation == "reject":
             raise SampleError(
                 "input_ids",
-                f"sample has {n} tokens, more than max_length={max_length} (truncation='reject'); "
+                f"sample has {'more than ' if cut else ''}{n} tokens, more than max_length={max_length} (truncation='reject'); "
                 "raise max_length or use truncation='truncate'",
             )
         ones = np.flatnonzero(loss_mask)
@@ -268,11 +304,12 @@ def tokenize_conversation(
     """
     _check_modes(max_length, mask, truncation)
     full, spans = assistant_char_spans(tokenizer, conv.messages, mask=mask)
-    ids, offsets = encode_with_offsets(tokenizer, full)
+    (ids, offsets), cut = encode_bounded(full, max_length, lambda text: encode_with_offsets(tokenizer, text),
+                                         lambda e: len(e[0]))
     if ids.size == 0:
         raise SampleError("chat_template", "the rendered conversation tokenizes to no tokens")
     loss_mask = _mask_from_offsets(offsets, spans)
-    return _finish(conv.sample_id, ids, loss_mask, max_length=max_length, truncation=truncation)
+    return _finish(conv.sample_id, ids, loss_mask, max_length=max_length, truncation=truncation, cut=cut)
 
 
 def tokenize_sample(

@@ -45,6 +45,7 @@ from typing import Any, Iterable, Iterator
 from ..compat_sglang import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
 from ..records import CaptureResult, Reject, TokenizedSample
 from ..regenerate import Generation, Prompt
+from ..redact import split_url_auth
 from ..transport import (ENV, MANIFEST, MEMORY_FS, PLUGIN_ERROR, PLUGIN_STATS, Lease, RequestError, Ring,
                          TransportError, file_system_type, private_dir, remove_stale)
 from .base import BackendError, BackendItem, ModelInfo, check_layers, read_model_info
@@ -97,7 +98,8 @@ class SGLangBackend:
     Args:
         model: local model directory. layers: see :mod:`hs_dataset.backends.base`.
         tp_size: tensor parallel size (in-process engine).
-        sglang_url: attach to a running patched server instead of starting one.
+        sglang_url: attach to a running patched server instead of starting one (``user:password@``
+            in it is sent as HTTP basic auth).
         ring_dir: in-process: where the private ring folder is made (default /dev/shm); attach:
             the folder named ``dir`` in the server's ``HS_DATASET_CAPTURE`` (required).
         ring_bytes: size of the shared-memory ring (default 4 GiB): the states in flight at once.
@@ -123,7 +125,8 @@ class SGLangBackend:
         self.max_inflight = int(max_inflight)
         self.prefetch = max(1, int(prefetch))
         self.request_timeout = float(request_timeout)
-        self.url = sglang_url.rstrip("/") if sglang_url else None
+        # user:password@ in the URL: sent as HTTP basic auth, kept out of the URL (and of any error message)
+        self.url, self._auth = split_url_auth(sglang_url.rstrip("/")) if sglang_url else (None, None)
         self.engine = None
         self._seq = 0
         self.ring: Ring | None = None
@@ -243,8 +246,8 @@ class SGLangBackend:
             body = json.dumps({"input_ids": ids, "sampling_params": params, "rid": rid}).encode()
 
             def post() -> dict:
-                req = urllib.request.Request(self.url + "/generate", data=body,
-                                             headers={"Content-Type": "application/json"})
+                req = urllib.request.Request(self.url + "/generate", data=body, headers={
+                    "Content-Type": "application/json", **({"Authorization": self._auth} if self._auth else {})})
                 with urllib.request.urlopen(req, timeout=self.request_timeout) as r:
                     return json.loads(r.read())
 
