@@ -42,7 +42,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from ..compat_sglang import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
+from ..compat_sglang import check_sglang_version, engine_processes
 from ..records import CaptureResult, Reject, TokenizedSample
 from ..regenerate import Generation, Prompt
 from ..redact import split_url_auth
@@ -50,7 +50,7 @@ from ..transport import (ENV, MANIFEST, MEMORY_FS, PLUGIN_ERROR, PLUGIN_STATS, L
                          TransportError, file_system_type, private_dir, remove_stale)
 from .base import BackendError, BackendItem, ModelInfo, check_layers, read_model_info
 
-__all__ = ["SGLangBackend", "check_sglang_version"]
+__all__ = ["SGLangBackend"]
 
 RID_PREFIX = "hsds-"
 DEFAULT_RING_BYTES = 4 << 30
@@ -59,37 +59,6 @@ DEFAULT_RING_BYTES = 4 << 30
 def _default_ring_parent() -> str:
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else os.environ.get("TMPDIR", "/tmp")
-
-
-def _engine_processes() -> list:
-    """SGLang's long-lived children (scheduler / TP workers, detokenizer): they name themselves
-    ``sglang::...``. Short-lived helpers (kernel compilers, resource trackers) are left out: their
-    normal exit is no engine death."""
-    try:
-        import psutil
-    except ImportError:  # no liveness check; request timeouts still bound a hang
-        return []
-    procs = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "sglang::" in " ".join(p.cmdline()) or p.name().startswith("sglang"):
-                procs.append(p)
-        except psutil.Error:
-            continue
-    return procs
-
-
-def check_sglang_version() -> str:
-    """Return the installed SGLang version; raise a clear error when it has no plugin framework."""
-    need = ".".join(map(str, MIN_SGLANG))
-    try:
-        import sglang
-    except ImportError as e:
-        raise BackendError(f"the sglang backend needs SGLang >= {need}: pip install 'hs-dataset[sglang]' ({e})") from None
-    if sglang_version_tuple(sglang.__version__) < MIN_SGLANG:
-        raise BackendError(f"SGLang {sglang.__version__} is older than {need}, which added the plugin framework "
-                           f"hs_dataset patches through: upgrade SGLang (tested: {SUPPORTED_SGLANG})")
-    return sglang.__version__
 
 
 class SGLangBackend:
@@ -194,7 +163,7 @@ class SGLangBackend:
             raise BackendError("disable_radix_cache=False: a radix-cache prefix hit skips computing those positions, "
                                "so their hidden states would not exist; leave the cache disabled")
         self.engine = sgl.Engine(**args)
-        self._children = _engine_processes()
+        self._children = engine_processes()
         loop: asyncio.AbstractEventLoop = self.engine.loop
         self._loop_thread = threading.Thread(target=loop.run_forever, name="hs_dataset-sglang-loop", daemon=True)
         self._loop_thread.start()
