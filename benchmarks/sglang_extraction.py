@@ -11,6 +11,8 @@ One run measures, on one machine and one shape:
   build_fp8   the same with storage_dtype=fp8_e4m3, quantized on the GPU by the plugin
   write       the bf16 build fed from memory (benchmarks/storage.py's PrecomputedBackend): the
               shard-writing side alone, no GPU involved
+  generate    with --generate-samples: the regenerate stage's generation (backend.generate) vs the
+              plain engine's generate of the same prompts (target >= 0.9x)
 and prints the ratios. Targets (issue 11): capture >= 0.9x plain; each build >= 0.9x
 min(plain, disk rate / its bytes per token); not_ours >= 0.97x plain; write >= 0.9x disk.
 
@@ -105,6 +107,9 @@ def main() -> None:
     ap.add_argument("--ring-gib", type=float, default=16.0)
     ap.add_argument("--warmup", type=int, default=32, help="samples run before each measurement")
     ap.add_argument("--profile", action="store_true", help="sample the threads' stacks during the builds")
+    ap.add_argument("--generate-samples", type=int, default=0,
+                    help="regenerate: generated tok/s of the backend's generate() vs the plain engine's (0: skip)")
+    ap.add_argument("--generate-tokens", type=int, default=256, help="new tokens per generated reply")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import sglang as sgl
@@ -156,6 +161,13 @@ def main() -> None:
         out = eng.generate(input_ids=ids[:n], sampling_params=params, return_hidden_states=True)
         res["rhs_tok_s"] = round(n * a.tokens / (time.time() - t))
         res["rhs_hidden_rows"] = len(out[0]["meta_info"]["hidden_states"][0])
+    gen_ids = [x[:512] for x in ids[:a.generate_samples]]
+    if gen_ids:  # plain generation of the same prompts, as the regenerate stage asks for them
+        gp = {"max_new_tokens": a.generate_tokens, "temperature": 0.0, "ignore_eos": True}
+        eng.generate(input_ids=gen_ids[:8], sampling_params=gp)
+        t = time.time()
+        out = eng.generate(input_ids=gen_ids, sampling_params=gp)
+        res["plain_generate_tok_s"] = round(sum(len(o["output_ids"]) for o in out) / (time.time() - t))
     eng.shutdown()
     del eng
     dump()
@@ -186,6 +198,18 @@ def main() -> None:
         d["hook_share_of_wall"] = round(d.get("hook_s", 0) / seconds, 4)
         return d
 
+    if gen_ids:
+        from hs_dataset.regenerate import GenerationOptions, Prompt
+
+        opts = GenerationOptions(max_new_tokens=a.generate_tokens)
+        # no stop token the random model can hit early: every reply runs to max_new_tokens, as above
+        prompts = [Prompt(x, [2**31 - 1], a.generate_tokens, i, opts) for i, x in enumerate(gen_ids)]
+        be.generate(prompts[:8])
+        t = time.time()
+        gens = be.generate(prompts)
+        res["regenerate_tok_s"] = round(sum(len(g.token_ids) for g in gens) / (time.time() - t))
+        res["regenerate/plain_generate"] = round(res["regenerate_tok_s"] / res["plain_generate_tok_s"], 3)
+        dump()
     for enc in ("bfloat16", "fp8_e4m3"):
         for _ in be.capture(samples[:a.warmup], encoding=enc):  # warm-up: kernels, ring pages
             pass

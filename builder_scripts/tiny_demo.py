@@ -1,5 +1,5 @@
 """Tiny demo: a random-weight Llama (4 layers, hidden 64) and a small ChatML tokenizer, made once
-locally, run on the CPU over the bundled demo conversations in about a minute on 2 cores.
+locally, run on the CPU over the bundled demo conversations (64 samples; seconds on 2 cores).
 
     hs-dataset build builder_scripts/tiny_demo.py --output demo_out
 """

@@ -4,8 +4,11 @@ The entry points, imported lazily (``import hs_dataset`` pulls in neither torch 
 
 * :func:`build` (:mod:`hs_dataset.shard_writer`) and :class:`HiddenStatesConfig`: build or resume a dataset;
 * :func:`push_dataset` / :func:`list_versions` (:mod:`hs_dataset.publish`): publish versions to the Hub;
-* :func:`open_dataset`, :func:`iter_torch`, :class:`DrafterCollator` (:mod:`hs_dataset.reader`): read for training;
-* :func:`export_specforge`, :func:`import_dataset` (:mod:`hs_dataset.interop`): move data to and from other tools.
+* :func:`open_dataset`, :func:`load_verified`, :func:`iter_torch`, :class:`DrafterCollator` (:mod:`hs_dataset.reader`):
+  read for training;
+* :func:`verify_build` / :func:`verify_repo` (:mod:`hs_dataset.verify`): check a build or a version against its checksums;
+* :func:`export_dataset` (:func:`export_specforge`), :func:`import_dataset` (:mod:`hs_dataset.interop`): move data to
+  and from SpecForge, speculators and ModelOpt.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ _EXPORTS = {
     "build": "shard_writer", "BuildSummary": "shard_writer", "HiddenStatesConfig": "config",
     "push_dataset": "publish", "list_versions": "publish",
     "open_dataset": "reader", "iter_torch": "reader", "decode_row": "reader", "DrafterCollator": "reader",
-    "export_specforge": "interop", "import_dataset": "interop",
+    "load_verified": "reader", "verify_build": "verify", "verify_repo": "verify",
+    "export_specforge": "interop", "export_dataset": "interop", "import_dataset": "interop",
 }
 
 __all__ = ["__version__", *_EXPORTS]

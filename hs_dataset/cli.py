@@ -4,8 +4,9 @@
     hs-dataset inspect demo_out
     hs-dataset push demo_out org/name --version v1.0
     hs-dataset versions org/name
-    hs-dataset export demo_out --to specforge specforge_out
-    hs-dataset import specforge_out --from specforge demo_back [--model DIR] [--layers 1,29,57]
+    hs-dataset verify demo_out [--quick]          (or: hs-dataset verify org/name --revision v1.0)
+    hs-dataset export demo_out --to specforge|speculators|modelopt out [--layers 1,29,57]
+    hs-dataset import out --from specforge|speculators|modelopt demo_back [--model DIR] [--layers 1,29,57]
 """
 
 from __future__ import annotations
@@ -135,6 +136,17 @@ def cmd_versions(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(a: argparse.Namespace) -> int:
+    from .verify import verify_build, verify_repo
+
+    if Path(a.target).is_dir() and a.revision is None:
+        report = verify_build(a.target, quick=a.quick)
+    else:
+        report = verify_repo(a.target, revision=a.revision, quick=a.quick)
+    print(report.message())
+    return 0 if report.ok else 1
+
+
 def _layers_arg(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
@@ -147,14 +159,20 @@ def _layers_arg(text: str | None) -> tuple[int, ...] | None:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from .interop import InteropError, export_specforge
+    from .interop import LAYER_IDS_FILE, InteropError, export_dataset
 
     try:
-        s = export_specforge(a.dir, a.out, group_size=a.group_size)
+        s = export_dataset(a.dir, a.to, a.out, layers=_layers_arg(a.layers), group_size=a.group_size)
     except InteropError as e:
         raise SystemExit(f"hs-dataset export: {e}") from None
     print(f"exported {s.samples} samples to {s.output_dir} ({a.to} layout): {s.files} files, "
           f"{s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s")
+    ids = s.layer_ids
+    print(f"drafter layer ids ({Path(s.output_dir) / LAYER_IDS_FILE}): vLLM "
+          f"{ids['vllm']['eagle_aux_hidden_state_layer_ids']}, SGLang "
+          f"{ids['sglang']['eagle_config']['eagle_aux_hidden_state_layer_ids']}")
+    for w in s.warnings:
+        print(f"warning: {w}")
     return 0
 
 
@@ -162,17 +180,25 @@ def cmd_import(a: argparse.Namespace) -> int:
     from .interop import InteropError, import_dataset
 
     opts = [("--model", a.model), ("--layers", a.layers), ("--storage-dtype", a.storage_dtype),
-            ("--file-format", a.file_format)]
+            ("--file-format", a.file_format), ("--pad-id", a.pad_id if a.pad_id != "0" else None)]
     command = " ".join(["hs-dataset", "import", shlex.quote(a.src), "--from", a.from_, shlex.quote(a.out)]
-                       + [f"{k} {shlex.quote(v)}" for k, v in opts if v is not None])
+                       + [f"{k} {shlex.quote(v)}" for k, v in opts if v is not None]
+                       + ["--final-prenorm"] * a.final_prenorm + ["--trust-remote-code"] * a.trust_remote_code)
+    try:
+        pad_id = None if str(a.pad_id).lower() == "none" else int(a.pad_id)
+    except ValueError:
+        raise SystemExit(f"--pad-id {a.pad_id!r}: expected a token id or 'none'") from None
     try:
         s = import_dataset(a.src, a.from_, a.out, model=a.model, layers=_layers_arg(a.layers),
                            storage_dtype=a.storage_dtype, file_format=a.file_format, progress=not a.no_progress,
-                           build_command=command)
+                           build_command=command, pad_id=pad_id, final_prenorm=True if a.final_prenorm else None,
+                           trust_remote_code=a.trust_remote_code)
     except InteropError as e:
         raise SystemExit(f"hs-dataset import: {e}") from None
     print(f"imported {s.written} samples from {a.src} ({a.from_}) into {s.output_dir}: {s.rejected} rejected "
           f"(of {s.samples}), {s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s")
+    for note in s.notes:
+        print(note)
     if s.rejected:
         print(f"rejected samples and reasons: {Path(a.out) / 'rejects.jsonl'}")
     return 0
@@ -205,25 +231,40 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("versions", help="list the versions of a dataset repo with their counts")
     v.add_argument("repo_id")
     v.set_defaults(fn=cmd_versions)
-    e = sub.add_parser("export", help="write a built dataset in another tool's offline layout (SpecForge)")
+    c = sub.add_parser("verify", help="check every shard of a build, or of a published version, against its "
+                                      "recorded size, rows and content hash (exit 1 naming the parts to rebuild)")
+    c.add_argument("target", help="a build directory, or a dataset repo id (org/name)")
+    c.add_argument("--revision", help="with a repo id: the version to download and check (default: main)")
+    c.add_argument("--quick", action="store_true", help="size, first/last MiB and rows only (a repo: the Hub's file "
+                                                        "list and sizes, nothing downloaded)")
+    c.set_defaults(fn=cmd_verify)
+    e = sub.add_parser("export", help="write a built dataset in another tool's offline layout")
     e.add_argument("dir", help="a finished build directory")
-    e.add_argument("--to", required=True, choices=("specforge",), help="target layout")
+    e.add_argument("--to", required=True, choices=("specforge", "speculators", "modelopt"), help="target layout")
+    e.add_argument("--layers", help="stored layers to write as the EAGLE-3 aux layers (default: all but L-1)")
     e.add_argument("out", help="new output directory")
     e.add_argument("--group-size", type=int, default=2000,
                    help="samples per rows_<a>-<b> folder (SpecForge's --file-group-size, default 2000)")
     e.set_defaults(fn=cmd_export)
-    m = sub.add_parser("import", help="make a build directory from SpecForge or vLLM speculators hidden states")
-    m.add_argument("src", help="SpecForge output dir (rows_*/data_*.ckpt), or speculators' preprocessed-data dir "
-                               "(with hidden_states/hs_*.safetensors) or sample-file dir (*.pt)")
-    m.add_argument("--from", dest="from_", required=True, choices=("specforge", "speculators"))
+    m = sub.add_parser("import", help="make a build directory from SpecForge, speculators or ModelOpt hidden states")
+    m.add_argument("src", help="SpecForge output dir (rows_*/data_*.ckpt), speculators' preprocessed-data dir "
+                               "(with hidden_states/hs_*.safetensors) or legacy data_*.pt dir, "
+                               "ModelOpt dump dir (*.pt)")
+    m.add_argument("--from", dest="from_", required=True, choices=("specforge", "speculators", "modelopt"))
     m.add_argument("out", help="output build directory (resumable)")
     m.add_argument("--model", help="the target model's directory (config.json + tokenizer); default: the one "
                                    "recorded by hs-dataset export")
-    m.add_argument("--layers", help="captured layers in hs_dataset's convention (output of decoder layer k), e.g. "
-                                    "1,29,57; default: recorded by hs-dataset export, else [1, L/2-1, L-4] "
-                                    "(SpecForge's and speculators' default)")
+    m.add_argument("--layers", help="the files' layers in hs_dataset's convention (output of decoder layer k), e.g. "
+                                    "1,29,57 (ending with L-1 where the last entry is before the final norm); "
+                                    "default: recorded by the export / data_config.json, else the format's default")
+    m.add_argument("--pad-id", default="0", help="SpecForge: strip trailing tokens with this id outside the loss "
+                                                 "mask (its batch padding; 'none' keeps them)")
+    m.add_argument("--final-prenorm", action="store_true",
+                   help="ModelOpt: hidden_states is before the final norm (its vLLM dumps do not say so)")
     m.add_argument("--storage-dtype", default="bfloat16", choices=("bfloat16", "fp8_e4m3"))
     m.add_argument("--file-format", default="arrow", choices=("arrow", "parquet"))
+    m.add_argument("--trust-remote-code", action="store_true",
+                   help="the model's tokenizer is its own Python code (Kimi-K2.5's tiktoken tokenizer)")
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(fn=cmd_import)
     a = ap.parse_args(argv)

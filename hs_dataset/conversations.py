@@ -88,8 +88,29 @@ def _role(value: Any, field: str) -> str:
     return role
 
 
+# Content parts that carry media (OpenAI's image_url / input_audio, and the image / video parts of
+# multimodal chat templates such as Kimi-K2.5's): rejected, never dropped.
+_MEDIA_PARTS = {"image": "image", "image_url": "image", "input_image": "image", "video": "video",
+                "video_url": "video", "input_audio": "audio", "audio": "audio", "audio_url": "audio"}
+# Row-level media fields of LLaVA-style ShareGPT rows.
+_MEDIA_FIELDS = ("image", "images", "video", "videos", "audio", "audios")
+
+
+def _media_kind(part: Mapping[str, Any]) -> str | None:
+    """``"image"``/``"video"``/``"audio"`` for a media content part (by its type, or a media key), else None."""
+    ptype = part.get("type")
+    if isinstance(ptype, str) and ptype in _MEDIA_PARTS:
+        return _MEDIA_PARTS[ptype]
+    if ptype in (None, ""):
+        return next((_MEDIA_PARTS[k] for k in _MEDIA_PARTS if part.get(k) is not None), None)
+    return None
+
+
 def _openai_content(value: Any, field: str) -> str:
-    """OpenAI ``content``: a string, or a list of ``{"type": "text", "text": ...}`` parts joined by newlines."""
+    """OpenAI ``content``: a string, or a list of ``{"type": "text", "text": ...}`` parts joined by newlines.
+
+    Image (and other media) parts are rejected: image inputs are not supported yet.
+    """
     if isinstance(value, (list, tuple)):
         if not value:
             raise SampleError(field, "content is an empty list of parts")
@@ -98,6 +119,10 @@ def _openai_content(value: Any, field: str) -> str:
             pfield = f"{field}[{k}]"
             if not isinstance(part, Mapping):
                 raise SampleError(pfield, f"expected a content part object, got {_type_name(part)}")
+            media = _media_kind(part)
+            if media is not None:
+                raise SampleError(pfield, f"{media} inputs are not supported yet (text-only capture); drop this "
+                                          "sample or its media parts")
             ptype = part.get("type") or "text"
             if ptype != "text":
                 raise SampleError(
@@ -122,12 +147,22 @@ def _parse_messages(items: Sequence[Any], key: str, role_key: str, content_key: 
             content = _openai_content(raw_content, f"{field}.{content_key}")
         else:
             content = _check_text(raw_content, f"{field}.{content_key}")
-        messages.append(Message(role, content))
+        messages.append(Message(role, content, _reasoning(item, role, field)))
     _check_order(messages, key, role_key, content_key)
     # A trailing user turn is never trained on: drop it.
     if messages[-1].role == "user":
         messages = messages[:-1]
     return messages
+
+
+def _reasoning(item: Mapping[str, Any], role: str, field: str) -> str | None:
+    """An assistant turn's ``reasoning_content`` (thinking), checked; None when absent."""
+    value = item.get("reasoning_content")
+    if value is None:
+        return None
+    if role != "assistant":
+        raise SampleError(f"{field}.reasoning_content", f"only assistant turns carry reasoning, not a {role} turn")
+    return _check_text(value, f"{field}.reasoning_content")
 
 
 def _check_order(messages: list[Message], key: str, role_key: str, content_key: str) -> None:
@@ -200,8 +235,10 @@ def parse_row(row: SourceRow) -> Conversation | TokenizedSample:
 
     Shapes: ShareGPT ``{"conversations": [{"from", "value"}]}``, OpenAI
     ``{"messages": [{"role", "content"}]}`` (content may be a list of text parts, joined with
-    ``"\\n"``), or raw tokens ``{"input_ids": [int], "loss_mask": [0/1] (optional)}``. Other keys
-    are ignored; a key whose value is null counts as absent.
+    ``"\\n"``), or raw tokens ``{"input_ids": [int], "loss_mask": [0/1] (optional)}``. An assistant
+    turn may carry ``reasoning_content`` (its thinking, for the chat template). Image, video and
+    audio inputs (content parts, or a row's ``image(s)`` field) are rejected: not supported yet.
+    Other keys are ignored; a key whose value is null counts as absent.
     """
     data = row.data
     if isinstance(data, BadRow):
@@ -217,6 +254,10 @@ def parse_row(row: SourceRow) -> Conversation | TokenizedSample:
     if len(present) > 1:
         raise SampleError("row", f"row has several of {present}; keep exactly one of them")
     key = present[0]
+    media = [k for k in _MEDIA_FIELDS if data.get(k) not in (None, "", [], ())]
+    if media and key != "input_ids":
+        raise SampleError(media[0], f"{media[0].rstrip('s')} inputs are not supported yet (text-only capture); "
+                                    "drop this sample or its media")
     if key == "input_ids":
         return _parse_tokens(row, data)
     items = _as_list(data[key], key)

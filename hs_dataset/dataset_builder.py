@@ -26,9 +26,10 @@ from .backends.base import BackendItem, start_capture
 from .config import HiddenStatesConfig
 from .conversations import parse_row
 from .encode import bytes_per_token, encode_row, make_features
-from .errors import NonFiniteError, SampleError
+from .errors import ConfigError, NonFiniteError, SampleError
 from .layout import state_columns
-from .records import Counts, Reject, TokenizedSample
+from .records import Conversation, Counts, Reject, TokenizedSample
+from .regenerate import GenerationOptions, messages_json, regenerate_conversations
 from .sources import iter_source
 from .tokenize_mask import load_tokenizer, tokenize_sample
 
@@ -37,28 +38,66 @@ __all__ = ["CaptureStream", "HiddenStatesBuilder", "HiddenStatesConfig", "row_ta
 ARROW_MAX_ELEMENTS = 2**31 - 1  # Array2D's inner list offsets are 32-bit
 
 
-def tokenized_samples(config: HiddenStatesConfig, vocab_size: int, ranges: list[tuple[int | None, int | None]],
+def tokenized_samples(config: HiddenStatesConfig, backend: CaptureBackend, ranges: list[tuple[int | None, int | None]],
                       on_reject: Callable[[int, Reject], None]) -> Iterator[tuple[int, TokenizedSample]]:
-    """Read, parse, then tokenize and mask the source rows of ``ranges``: ``(row index, sample)``.
+    """Read, parse, (regenerate,) then tokenize and mask the source rows of ``ranges``: ``(row index, sample)``.
 
-    A row that cannot be used goes to ``on_reject(row index, reject)`` instead (stage ``source`` or
-    ``tokenize``). Token ids at or above ``vocab_size`` (the model's embedding rows) are rejects too.
+    A row that cannot be used goes to ``on_reject(row index, reject)`` instead (stage ``source``,
+    ``regenerate`` or ``tokenize``). Token ids at or above the model's embedding rows are rejects
+    too. With ``responses="regenerate"`` each range's conversations are regenerated together by
+    ``backend.generate`` (:mod:`hs_dataset.regenerate`) before they are tokenized.
     """
     cfg = config
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
-    vocab = min(len(tokenizer), vocab_size)
+    vocab = min(len(tokenizer), backend.info.vocab_size)
+
+    def tokenized(index: int, sample_id: str, parsed: Conversation | TokenizedSample, stage: str):
+        try:
+            sample = tokenize_sample(parsed, tokenizer, max_length=cfg.max_length, mask=cfg.mask,
+                                     truncation=cfg.truncation, vocab_size=vocab)
+        except SampleError as e:
+            on_reject(index, Reject(sample_id, e.field, e.reason, stage))
+            return None
+        if cfg.responses == "regenerate":
+            sample.messages = messages_json(parsed)  # type: ignore[arg-type]
+        return sample
+
     for start, stop in ranges:
+        parsed_rows: list[tuple[int, str, Conversation | TokenizedSample]] = []
         for row in iter_source(cfg.source, start=start or 0, stop=stop, sample_id=cfg.sample_id):
-            stage = "source"
             try:
                 parsed = parse_row(row)
-                stage = "tokenize"
-                sample = tokenize_sample(parsed, tokenizer, max_length=cfg.max_length, mask=cfg.mask,
-                                         truncation=cfg.truncation, vocab_size=vocab)
             except SampleError as e:
-                on_reject(row.index, Reject(row.sample_id, e.field, e.reason, stage))
+                on_reject(row.index, Reject(row.sample_id, e.field, e.reason, "source"))
                 continue
-            yield row.index, sample
+            if cfg.responses == "source":
+                sample = tokenized(row.index, row.sample_id, parsed, "tokenize")
+                if sample is not None:
+                    yield row.index, sample
+            elif not isinstance(parsed, Conversation):
+                on_reject(row.index, Reject(row.sample_id, "input_ids", "already tokenized rows have no replies to "
+                                            "regenerate (responses=regenerate needs conversations)", "regenerate"))
+            else:
+                parsed_rows.append((row.index, row.sample_id, parsed))
+        if parsed_rows:
+            yield from _regenerated(parsed_rows, tokenizer, backend, cfg, on_reject, tokenized)
+
+
+def _regenerated(rows: list[tuple[int, str, Conversation]], tokenizer, backend: CaptureBackend,
+                 cfg: HiddenStatesConfig, on_reject: Callable[[int, Reject], None],
+                 tokenized: Callable[..., TokenizedSample | None]) -> Iterator[tuple[int, TokenizedSample]]:
+    if not hasattr(backend, "generate"):
+        raise ConfigError(f"responses=regenerate: the {backend.name} backend cannot generate (use the transformers "
+                          "or sglang backend, without isolate)")
+    options = GenerationOptions.from_config(cfg.generation)
+    convs = regenerate_conversations([c for _, _, c in rows], tokenizer, backend, options, cfg.max_length)
+    for (index, sample_id, _), conv in zip(rows, convs):
+        if isinstance(conv, SampleError):
+            on_reject(index, Reject(sample_id, conv.field, conv.reason, "regenerate"))
+            continue
+        sample = tokenized(index, sample_id, conv, "tokenize")
+        if sample is not None:
+            yield index, sample
 
 
 def _arrow_values(a: np.ndarray) -> pa.Array:
@@ -141,7 +180,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         layers = check_layers(self.config.layers, info)
         return datasets.DatasetInfo(
             description=f"Hidden states of {info.architecture} ({info.path}) for EAGLE-3 drafter training",
-            features=make_features(layers, info.hidden_size, self.config.storage_dtype),
+            features=make_features(layers, info.hidden_size, self.config.storage_dtype,
+                                   messages=self.config.responses == "regenerate"),
         )
 
     def _split_generators(self, dl_manager) -> list[datasets.SplitGenerator]:
@@ -167,7 +207,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 self.counts.samples_in += 1
                 self._reject(r)
 
-            for _, sample in tokenized_samples(self.config, self.model_info.vocab_size, [(start, stop)], reject):
+            for _, sample in tokenized_samples(self.config, backend, [(start, stop)], reject):
                 self.counts.samples_in += 1
                 yield sample
 
@@ -178,7 +218,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         schema = self.info.features.arrow_schema
         own = self._backend is None and self._stream is None
         backend = self._backend or make_backend(cfg.backend, cfg.model, self.layers, revision=cfg.model_revision,
-                                                options=cfg.backend_options)
+                                                options=cfg.backend_options, trust_remote_code=cfg.trust_remote_code)
         cols = state_columns(self.layers)
         i = 0
         try:
@@ -191,8 +231,9 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 except SampleError as e:
                     if cfg.on_nonfinite == "fail" and e.field in cols:
                         raise NonFiniteError(
-                            f"sample {item.sample.sample_id!r}, {e.field}: {e.reason}. The build stopped "
-                            "(--set on_nonfinite=reject writes such samples to rejects.jsonl instead)") from None
+                            f"sample {item.sample.sample_id!r}, {e.field}: {e.reason}. The build stopped; run "
+                            "the same command with --set on_nonfinite=reject (--on-nonfinite reject) to write such "
+                            "samples to rejects.jsonl instead: it resumes this build") from None
                     self._reject(Reject(item.sample.sample_id, e.field, e.reason, "encode"))
                     continue
                 self.counts.written += 1
@@ -222,8 +263,7 @@ class CaptureStream:
         self._early_rejects: dict[int, Reject] = {}
 
         def samples() -> Iterator[TokenizedSample]:
-            for index, sample in tokenized_samples(config, backend.info.vocab_size, list(ranges),
-                                                   self._early_rejects.__setitem__):
+            for index, sample in tokenized_samples(config, backend, list(ranges), self._early_rejects.__setitem__):
                 self._order.append(index)
                 yield sample
 

@@ -22,7 +22,7 @@ from datasets import Array2D, Features, List, Value
 
 from .errors import SampleError
 from .fp8 import fp8_dequantize, fp8_quantize
-from .layout import FINAL_COLUMN, STORAGE_DTYPES, layer_column, scale_column, state_columns
+from .layout import FINAL_COLUMN, MESSAGES_COLUMN, STORAGE_DTYPES, layer_column, scale_column, state_columns
 from .records import CaptureResult
 
 __all__ = ["FINAL_COLUMN", "STORAGE_DTYPES", "bf16_bits", "bytes_per_token", "check_finite", "check_storage_dtype",
@@ -35,15 +35,18 @@ def check_storage_dtype(storage_dtype: str) -> str:
     return storage_dtype
 
 
-def make_features(layers: tuple[int, ...], hidden_size: int, storage_dtype: str = "bfloat16") -> Features:
-    """The dataset schema for these layers."""
+def make_features(layers: tuple[int, ...], hidden_size: int, storage_dtype: str = "bfloat16", *,
+                  messages: bool = False) -> Features:
+    """The dataset schema for these layers (``messages``: a regenerate build's conversation column)."""
     check_storage_dtype(storage_dtype)
-    cols: dict[str, Any] = {
-        "id": Value("string"),
+    cols: dict[str, Any] = {"id": Value("string")}
+    if messages:
+        cols[MESSAGES_COLUMN] = Value("string")
+    cols.update({
         "input_ids": List(Value("int32")),
         "loss_mask": List(Value("uint8")),
         "num_tokens": Value("int32"),
-    }
+    })
     bits = "uint16" if storage_dtype == "bfloat16" else "uint8"
     for c in state_columns(layers):
         cols[c] = Array2D(shape=(None, hidden_size), dtype=bits)
@@ -114,6 +117,7 @@ def encode_row(result: CaptureResult, storage_dtype: str = "bfloat16", *, check_
         check_finite(result, cols)
     row: dict[str, Any] = {
         "id": s.sample_id,
+        MESSAGES_COLUMN: s.messages,
         "input_ids": s.input_ids.astype(np.int32, copy=False),
         "loss_mask": s.loss_mask.astype(np.uint8, copy=False),
         "num_tokens": s.num_tokens,

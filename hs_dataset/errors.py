@@ -12,9 +12,9 @@ Imports nothing: the SGLang plugin's modules use it in the scheduler process.
 from __future__ import annotations
 
 __all__ = [
-    "BackendError", "BuildLockedError", "ConfigError", "ConfigMismatchError", "HsDatasetError", "InteropError",
-    "NonFiniteError", "NotABuildError", "OutputWriteError", "PublishError", "RequestError", "SampleError",
-    "TransportError", "VersionExistsError",
+    "BackendError", "BuildLockedError", "ConfigError", "ConfigMismatchError", "HsDatasetError", "IntegrityError",
+    "InteropError", "NonFiniteError", "NotABuildError", "OutputWriteError", "PublishError", "RequestError",
+    "SampleError", "SecretLeakError", "TransportError", "VersionExistsError", "VersionNameError",
 ]
 
 
@@ -45,6 +45,16 @@ class ConfigMismatchError(HsDatasetError, RuntimeError):
 
 class BuildLockedError(HsDatasetError, RuntimeError):
     """Another build is writing the same output directory."""
+
+
+class IntegrityError(HsDatasetError, RuntimeError):
+    """A build's files differ from what its metadata records: a shard missing, changed (its content
+    hash differs), truncated, holding other rows, or not listed at all. The message names each shard
+    and the part to rebuild; ``problems`` lists them (:class:`hs_dataset.verify.Problem`)."""
+
+    def __init__(self, message: str, problems: list | None = None):
+        super().__init__(message)
+        self.problems = list(problems or [])
 
 
 class OutputWriteError(HsDatasetError, OSError):
@@ -91,6 +101,14 @@ class NotABuildError(PublishError):
 
 class VersionExistsError(PublishError):
     """The version tag already exists and ``force`` was not given."""
+
+
+class VersionNameError(PublishError, ValueError):
+    """The version name is or shadows a git ref on the Hub, or git refuses it; the message names the rule."""
+
+
+class SecretLeakError(PublishError):
+    """A file about to be uploaded holds a credential (the HF token, or a value the build redacted)."""
 
 
 class InteropError(HsDatasetError, ValueError):

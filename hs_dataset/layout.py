@@ -20,11 +20,12 @@ import re
 from typing import Literal, get_args
 
 __all__ = [
-    "BACKENDS", "DATA_DIR", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES", "META_FILE",
-    "NONFINITE_POLICIES", "README_FILE", "REJECTS_FILE", "SAMPLE_ID_MODES", "SHARD_RE", "STATE_DIR",
-    "STORAGE_DTYPES", "TRUNCATION_MODES", "BackendName", "FileFormat", "MaskMode", "NonfinitePolicy",
+    "BACKENDS", "DAMAGED_FILE", "DATA_DIR", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES", "META_FILE",
+    "MESSAGES_COLUMN", "NONFINITE_POLICIES", "README_FILE", "REDACTED_FILE", "REJECTS_FILE", "RESPONSES_MODES",
+    "ResponsesMode", "SAMPLE_ID_MODES", "SHARD_RE", "STATE_DIR", "STORAGE_DTYPES", "TRUNCATION_MODES", "BackendName",
+    "FileFormat", "MaskMode", "NonfinitePolicy",
     "SampleIdMode", "StorageDtype", "TruncationMode", "layer_column", "layer_of", "scale_column", "shard_name",
-    "state_columns",
+    "state_columns", "utf8_safe",
 ]
 
 # -- choices (typed on HiddenStatesConfig; the CLI derives its choices from these) --------------------
@@ -35,6 +36,7 @@ SampleIdMode = Literal["row", "hash"]  # sample ids: <source>:<row>, or a conten
 FileFormat = Literal["arrow", "parquet"]
 StorageDtype = Literal["bfloat16", "fp8_e4m3"]  # exact bf16 bits, or fp8 e4m3 + a per-token scale
 BackendName = Literal["transformers", "sglang"]
+ResponsesMode = Literal["source", "regenerate"]  # assistant replies as in the source, or written by the target
 
 MASK_MODES: tuple[str, ...] = get_args(MaskMode)
 TRUNCATION_MODES: tuple[str, ...] = get_args(TruncationMode)
@@ -43,6 +45,7 @@ SAMPLE_ID_MODES: tuple[str, ...] = get_args(SampleIdMode)
 FILE_FORMATS: tuple[str, ...] = get_args(FileFormat)
 STORAGE_DTYPES: tuple[str, ...] = get_args(StorageDtype)
 BACKENDS: tuple[str, ...] = get_args(BackendName)
+RESPONSES_MODES: tuple[str, ...] = get_args(ResponsesMode)
 
 # -- files ---------------------------------------------------------------------------------------------
 META_FILE = "hs_dataset.json"  # exists only in a finished build (written last)
@@ -50,6 +53,8 @@ README_FILE = "README.md"
 REJECTS_FILE = "rejects.jsonl"
 DATA_DIR = "data"
 STATE_DIR = ".hs_build"  # resume state: part records, staging, lock; never published
+DAMAGED_FILE = "damaged.json"  # in STATE_DIR: parts a full verify found damaged; the next build redoes them
+REDACTED_FILE = "redacted.json"  # in STATE_DIR: salted hashes of the credentials the build redacted
 SHARD_RE = re.compile(r"^train-(\d{5,})-(\d{3,})\.(arrow|parquet)$")
 
 
@@ -59,6 +64,7 @@ def shard_name(part: int, shard: int, file_format: str) -> str:
 
 
 # -- columns -------------------------------------------------------------------------------------------
+MESSAGES_COLUMN = "messages"  # regenerate builds: the conversation as trained on (JSON text)
 LAYER_PREFIX = "hidden_layer_"
 FINAL_COLUMN = "hidden_final"
 SCALE_SUFFIX = "_scale"
@@ -84,3 +90,17 @@ def state_columns(layers: tuple[int, ...] | list[int]) -> list[str]:
 def scale_column(column: str) -> str:
     """The per-token fp8 scale column of a state column."""
     return f"{column}{SCALE_SUFFIX}"
+
+
+# -- text ----------------------------------------------------------------------------------------------
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` as valid UTF-8 (for sample ids, the card): the bytes of a file name that is not UTF-8
+    (Python's surrogate escapes, ``\\udcff``) become ``\\xff``, other lone surrogates ``\\ud800``."""
+    def escape(m: re.Match) -> str:
+        o = ord(m.group(0))
+        return f"\\x{o - 0xDC00:02x}" if 0xDC80 <= o <= 0xDCFF else f"\\u{o:04x}"
+
+    return _SURROGATE.sub(escape, text)

@@ -7,7 +7,11 @@ that version's files (data shards, ``hs_dataset.json``, ``rejects.jsonl``, the d
 
 How a push proceeds (``push_dataset``), through the real :class:`huggingface_hub.HfApi`:
 
-1. the dataset repo is created if needed; an existing tag ``version`` is refused unless ``force``;
+0. the build is verified (:func:`hs_dataset.verify.verify_build`, the full check: every shard present
+   with its size, rows and content hash, nothing unlisted) and scanned for credentials; a build that
+   fails either is refused before anything is sent, naming the shard and the repair;
+1. the dataset repo is created if needed; an existing tag ``version`` is refused unless ``force``
+   (the name itself is checked first: :mod:`hs_dataset.version_names`);
 2. the work branch ``hs-dataset/<version>`` is created from ``main`` (or resumed when it exists);
 3. files not already on the work branch with the same content (size + sha256 for LFS files, git
    blob id for regular ones) are uploaded in commits of at most ``commit_files`` files, each with
@@ -15,7 +19,8 @@ How a push proceeds (``push_dataset``), through the real :class:`huggingface_hub
 4. a final commit writes README.md (see :mod:`hs_dataset.card`) and deletes what a previous
    version left that is not part of this one; the resulting tree is checked file by file;
 5. only then the tag is created (a forced re-push deletes and re-creates it, and the card records
-   when and which commit it replaced);
+   when and which commit it replaced; a forced push killed between the two is resumed by the next
+   run, which reads the force from the card already on the work branch);
 6. ``main`` is brought to the same content with one commit (server-side copies + deletions) when
    this version is the newest one, and the work branch is deleted.
 
@@ -23,7 +28,8 @@ An interrupted push run again resumes at step 3 and uploads only what is missing
 between steps 5 and 6 is finished by running it again. No tag ever points at a partial upload.
 
 The token comes from huggingface_hub's usual sources (``token=``, ``HF_TOKEN``, stored login); it is
-never printed, logged or written, and files about to be uploaded are checked not to contain it.
+never printed, logged or written, and files about to be uploaded are checked not to contain it, nor
+any credential the build redacted (:mod:`hs_dataset.redact`).
 """
 
 from __future__ import annotations
@@ -48,20 +54,22 @@ from huggingface_hub import (
 from huggingface_hub.errors import EntryNotFoundError, RevisionNotFoundError
 from huggingface_hub.hf_api import RepoFile
 
+import xxhash
+
 from .card import parse_history, render_card
-from .errors import NotABuildError, PublishError, VersionExistsError
+from .errors import IntegrityError, NotABuildError, PublishError, SecretLeakError, VersionExistsError
 from .layout import DATA_DIR, META_FILE, README_FILE, STATE_DIR
+from .redact import check_uploads, find_secret, load_redacted, redact_command
+from .verify import verify_build
+from .version_names import WORK_BRANCH_PREFIX, check_version_name
 
 
 logger = logging.getLogger(__name__)
 
 REPO_TYPE = "dataset"
-WORK_BRANCH_PREFIX = "hs-dataset/"
 EXCLUDED_DIRS = (STATE_DIR, ".git", ".cache")
 KEEP_REMOTE = (".gitattributes",)  # repository files a version never deletes
 REGULAR_MAX_SIZE = 10 * 1024 * 1024  # the Hub stores anything >= 10 MiB with LFS
-_TOKEN_LIKE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
-_SECRET_ARG = re.compile(r"(?i)((?<![\w-])(?:--)?(?:hf[_-])?token[= ]|HF_TOKEN=|HUGGING_FACE_HUB_TOKEN=)(\S+)")
 MAX_FILES_PER_FOLDER = 10_000  # Hub limit
 
 
@@ -115,34 +123,27 @@ def version_key(version: str) -> tuple:
     return (0, parts, version)
 
 
-def _check_version_name(version: str) -> None:
-    bad = (not version or version.startswith(("-", "/", "refs/", ".")) or version.endswith(("/", ".", ".lock"))
-           or ".." in version or "//" in version or "@{" in version
-           or re.search(r"[\x00-\x20~^:?*\[\\\x7f]", version))
-    if bad:
-        raise PublishError(f"invalid version name {version!r}: it must be a valid git tag name such as 'v1.0'")
-
-
 def _scrub(text: str, token: str | None) -> str:
-    """Remove anything token-like from text that ends up in the card."""
+    """Remove credentials from text that ends up in the card (:func:`hs_dataset.redact.redact_command`)."""
     if token:
         text = text.replace(token, "***")
-    text = _SECRET_ARG.sub(lambda m: m.group(1) + "***", text)
-    return _TOKEN_LIKE.sub("hf_***", text)
+    return redact_command(text)[0]
 
 
-def _hash_file(path: Path, size: int) -> tuple[str, str | None]:
-    """(sha256, git blob sha1 or None for files that can only be LFS) in one read."""
+def _hash_file(path: Path, size: int) -> tuple[str, str | None, str]:
+    """(sha256, git blob sha1 or None for files that can only be LFS, xxh3-128) in one read."""
     sha256 = hashlib.sha256()
+    xxh = xxhash.xxh3_128()
     git = None
     if size < REGULAR_MAX_SIZE:
         git = hashlib.sha1(b"blob %d\0" % size)
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             sha256.update(chunk)
+            xxh.update(chunk)
             if git is not None:
                 git.update(chunk)
-    return sha256.hexdigest(), git.hexdigest() if git is not None else None
+    return sha256.hexdigest(), git.hexdigest() if git is not None else None, xxh.hexdigest()
 
 
 @dataclass
@@ -152,6 +153,7 @@ class _LocalFile:
     size: int
     sha256: str
     git_oid: str | None
+    xxh3_128: str = ""
 
     def same_as(self, remote: RepoFile | None) -> bool:
         if remote is None or remote.size != self.size:
@@ -200,8 +202,8 @@ def _local_files(root: Path) -> dict[str, _LocalFile]:
             if rel == README_FILE:
                 continue  # re-rendered as the dataset card in the final commit
             size = path.stat().st_size
-            sha256, git_oid = _hash_file(path, size)
-            files[rel] = _LocalFile(rel, path, size, sha256, git_oid)
+            sha256, git_oid, xxh = _hash_file(path, size)
+            files[rel] = _LocalFile(rel, path, size, sha256, git_oid, xxh)
     return files
 
 
@@ -216,13 +218,13 @@ def _check_folder_sizes(files: Iterable[str]) -> None:
                            "rebuild with larger shards")
 
 
-def _check_no_secret(files: Iterable[_LocalFile], token: str | None) -> None:
-    if not token:
-        return
-    needle = token.encode()
-    for f in files:
-        if f.size < REGULAR_MAX_SIZE and needle in f.path.read_bytes():
-            raise PublishError(f"refusing to upload {f.rel}: it contains your Hugging Face token")
+def _refuse_unverified(root: Path, local: dict[str, _LocalFile] | None) -> None:
+    """Refuse a build whose files differ from its ``hs_dataset.json``. ``local=None``: the quick check
+    (before hashing anything); else the full check, reusing the hashes of push's own read."""
+    digests = None if local is None else {rel: f.xxh3_128 for rel, f in local.items()}
+    report = verify_build(root, quick=local is None, digests=digests)
+    if not report.ok:
+        raise IntegrityError(f"refusing to push: {report.message()} Then push again.", report.problems)
 
 
 def _remote_files(api: HfApi, repo_id: str, revision: str) -> dict[str, RepoFile]:
@@ -286,28 +288,49 @@ def push_dataset(
     private: bool = False,
     build_command: str | None = None,
     endpoint: str | None = None,
+    secrets: Iterable[str] = (),
 ) -> PushResult:
-    """Publish the build in ``local_dir`` as tag ``version`` of dataset repo ``repo_id`` (see module doc)."""
+    """Publish the build in ``local_dir`` as tag ``version`` of dataset repo ``repo_id`` (see module doc).
+
+    ``secrets``: more credential values that no uploaded file may contain (besides the HF token and
+    what the build redacted).
+
+    Raises:
+        VersionNameError: ``version`` is or shadows a git ref (the message names the rule).
+        NotABuildError: ``local_dir`` is not a finished build.
+        IntegrityError: its files differ from its ``hs_dataset.json`` (names the shard and the repair).
+        SecretLeakError: a file holds a credential.
+        VersionExistsError: the version exists and ``force`` was not given.
+    """
     if commit_files < 1:
         raise ValueError("commit_files must be >= 1")
-    _check_version_name(version)
+    check_version_name(version)
     root, metadata, build_readme = read_build(local_dir)
+    _refuse_unverified(root, None)  # quick: a missing, extra or cut shard is refused before hashing
     secret = token or get_token()
     api = HfApi(endpoint=endpoint, token=token)
     work = f"{WORK_BRANCH_PREFIX}{version}"
 
     local = _local_files(root)
+    _refuse_unverified(root, local)  # full, on the hashes of the upload's own read
     _check_folder_sizes(local)
-    _check_no_secret([*local.values()], secret)
+    check_uploads([(f.rel, f.path, f.size) for f in local.values()], secret, root / STATE_DIR, secrets,
+                  max_bytes=REGULAR_MAX_SIZE)
 
     api.create_repo(repo_id, repo_type=REPO_TYPE, private=private, exist_ok=True)
     refs = api.list_repo_refs(repo_id, repo_type=REPO_TYPE)
     tags = {t.name: t.target_commit for t in refs.tags}
     branches = {b.name: b.target_commit for b in refs.branches}
+    check_version_name(version, set(branches) - {work})
     previous = tags.get(version)
     result = PushResult(repo_id=repo_id, version=version, commit_sha="", tag=version, work_branch=work,
                         main_commit=None, main_updated=False, forced=False, previous_commit=None,
                         resumed=work in branches)
+    if previous is None and work in branches:
+        replaced = _interrupted_force(api, repo_id, branches[work], version)
+        if replaced is not None:  # killed between deleting the old tag and creating the new one
+            logger.info("resuming the forced push of %s that replaced %s", version, replaced)
+            result.forced, result.previous_commit = True, replaced
 
     if previous is not None and branches.get(work) == previous and not force:
         # An earlier run tagged this version but stopped before updating main: finish it, provided the
@@ -388,8 +411,10 @@ def push_dataset(
             "tags": {k: v for k, v in tags.items() if k != version},
         },
     )
-    if secret and secret in card:  # belt and braces: render_card only sees scrubbed input
-        raise PublishError("refusing to publish a dataset card that contains the Hugging Face token")
+    leak = find_secret(card.encode("utf-8"), [("the Hugging Face token", secret)] if secret else [],
+                       load_redacted(root / STATE_DIR))
+    if leak is not None:  # belt and braces: render_card only sees scrubbed input
+        raise SecretLeakError(f"refusing to publish a dataset card that contains {leak}")
     operations: list = [CommitOperationAdd(path_in_repo=README_FILE, path_or_fileobj=card.encode("utf-8"))]
     operations += [CommitOperationDelete(p) for p in final_deletes]
     message = f"hs-dataset {version}: dataset card" + (" (force-push)" if result.forced else "")
@@ -410,7 +435,7 @@ def push_dataset(
         )
 
     # 5. tag
-    if result.forced:
+    if previous is not None:
         api.delete_tag(repo_id, tag=version, repo_type=REPO_TYPE)
     api.create_tag(repo_id, tag=version, revision=head, repo_type=REPO_TYPE,
                    tag_message=f"hs-dataset {version}" + (" (force-pushed)" if result.forced else ""))
@@ -420,6 +445,18 @@ def push_dataset(
     # 6. main + cleanup
     _finish(api, repo_id, version, head, work, tags, result)
     return result
+
+
+def _interrupted_force(api: HfApi, repo_id: str, head: str, version: str) -> str | None:
+    """The commit a forced push of ``version`` was replacing, when the card on its work branch says
+    so (a push killed after deleting the old tag); None otherwise."""
+    history = parse_history(_read_remote_text(api, repo_id, README_FILE, head) or "")
+    last = history[-1] if history else {}
+    if not (last.get("version") == version and last.get("force") and last.get("previous_commit")):
+        return None
+    if last in parse_history(_read_remote_text(api, repo_id, README_FILE, "main") or ""):
+        return None  # an earlier, finished forced push (the work branch was made from main)
+    return str(last["previous_commit"])
 
 
 def _finish(api: HfApi, repo_id: str, version: str, commit: str, work: str, tags: dict[str, str],

@@ -12,6 +12,12 @@ through Arrow instead::
 A local build directory is best opened with :func:`open_dataset`: it memory-maps the shards
 where they are, whereas ``load_dataset(dir)`` first copies every shard into the ``datasets`` cache.
 
+Both :func:`open_dataset` and :func:`load_verified` (a published version or a local build, map-style
+or ``streaming=True``) refuse a build whose shards do not add up to what its ``hs_dataset.json``
+records: a missing or extra shard, a shard of another size or other rows (:class:`IntegrityError`).
+Plain ``load_dataset(..., streaming=True)`` cannot check that; ``hs-dataset verify`` checks the
+content hashes too.
+
 Tensors are never views of the read-only shard mappings (an in-place op there is a segfault):
 large states are private copy-on-write mappings of the same bytes (:mod:`hs_dataset.private_map`:
 zero-copy to read, a write copies a page and never reaches the file), small values are copied,
@@ -34,8 +40,10 @@ from datasets.formatting import Formatter
 
 from .collate import DrafterCollator, empty_batch_tensor
 from .encode import fp8_decode
-from .layout import DATA_DIR, FINAL_COLUMN, layer_of, scale_column
+from .errors import IntegrityError
+from .layout import DATA_DIR, FINAL_COLUMN, MESSAGES_COLUMN, layer_of, scale_column
 from .private_map import HeapViews, SafeViews
+from .verify import Problem
 
 READ_AHEAD_BYTES = 256 << 20  # map-style read-ahead per unit of ``prefetch``: two 117 MB Kimi rows
 TORCH_FORMAT = "hs_dataset.torch"  # ds.with_format(TORCH_FORMAT): rows as iter_torch gives them
@@ -106,15 +114,17 @@ def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None
                views: HeapViews | None = None) -> dict[str, Any]:
     """Row ``i`` of an Arrow table (``ds.with_format("arrow")[k]`` or a batch) as torch tensors.
 
-    Returns ``id`` (str), ``input_ids`` (int32 [T]), ``loss_mask`` (uint8 [T]) and every
-    hidden-state column (or those in ``columns``) as ``torch.bfloat16 [T, H]``; every tensor can be
-    written to in place without touching the dataset's files. ``views``: as in :func:`column_bits`.
+    Returns ``id`` (str), ``input_ids`` (int32 [T]), ``loss_mask`` (uint8 [T]), every
+    hidden-state column (or those in ``columns``) as ``torch.bfloat16 [T, H]``, and in regenerate
+    builds ``messages`` (the conversation as JSON text). Every tensor can be written to in place
+    without touching the dataset's files. ``views``: as in :func:`column_bits`.
     """
     views = views or SafeViews()
     out: dict[str, Any] = {}
     names = table.column_names
-    if "id" in names:
-        out["id"] = table.column("id")[i].as_py()
+    for c in ("id", MESSAGES_COLUMN):  # MESSAGES_COLUMN: regenerate builds
+        if c in names:
+            out[c] = table.column(c)[i].as_py()
     for c in ("input_ids", "loss_mask"):
         if c in names:
             out[c] = list_values(table.column(c), i, views=views)
@@ -130,17 +140,73 @@ def open_dataset(path: str | os.PathLike):
     so opening a 1 TB dataset takes milliseconds and its pages are read on first access. Parquet
     shards have no zero-copy form and go through ``load_dataset`` (which converts them into the
     ``datasets`` cache).
+
+    Raises:
+        NotABuildError: ``path`` is not a finished build (no ``hs_dataset.json``).
+        IntegrityError: a recorded shard is missing or of another size or row count, or ``data/``
+            holds a file that is not recorded (run ``hs-dataset verify`` for the full check).
     """
     import datasets
 
     root = Path(path)
-    files = sorted((root / DATA_DIR).glob("train-*.arrow"))
-    if files:
-        parts = [datasets.Dataset.from_file(str(f)) for f in files]
-        return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    if sorted((root / DATA_DIR).glob("train-*.parquet")):
+    meta, shards = _checked_listing(root)
+    if not shards:
+        raise FileNotFoundError(f"{root} holds no data/train-*.arrow or data/train-*.parquet shards")
+    if not shards[0]["name"].endswith(".arrow"):
         return datasets.load_dataset(str(root), split="train")
-    raise FileNotFoundError(f"{root} holds no data/train-*.arrow or data/train-*.parquet shards")
+    parts = [datasets.Dataset.from_file(str(root / DATA_DIR / s["name"])) for s in shards]
+    wrong = [Problem(f"{DATA_DIR}/{s['name']}", f"holds {len(d)} rows, {s['rows']} recorded")
+             for s, d in zip(shards, parts) if len(d) != int(s["rows"])]
+    if wrong:
+        raise IntegrityError(f"{root}: {'; '.join(map(str, wrong))}. Run `hs-dataset verify {root}`", wrong)
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _checked_listing(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A local build's metadata and shards, once ``data/`` is checked to hold exactly them."""
+    from .verify import VerifyReport, check_listing, read_meta, recorded_shards
+
+    meta = read_meta(root)
+    data = root / DATA_DIR
+    present = {p.name: p.stat().st_size for p in data.iterdir() if p.is_file()} if data.is_dir() else {}
+    problems, rows = check_listing(meta, present, str(root))
+    shards = recorded_shards(meta, str(root))
+    VerifyReport(str(root), True, len(shards), rows, problems,
+                 repair=f"Refusing to read it: run `hs-dataset verify {root}`, then the build again to repair it."
+                 ).raise_if_bad()
+    return meta, shards
+
+
+def load_verified(path_or_repo: str | os.PathLike, *, revision: str | None = None, split: str = "train",
+                  streaming: bool = False, token: str | None = None, endpoint: str | None = None, **kwargs: Any):
+    """``load_dataset`` of a published version (or a local build), after checking that its shards are
+    exactly the ones its ``hs_dataset.json`` records (names, sizes, rows add up): the check that
+    ``streaming=True`` cannot make itself. A local build, map-style, is :func:`open_dataset`.
+
+    Args:
+        path_or_repo: a build directory, or a dataset repo id (``org/name``).
+        revision: the version (tag) of a repo; the check and the load read the same commit.
+        split, streaming, kwargs: passed to ``datasets.load_dataset``.
+        token, endpoint: for the Hub.
+
+    Raises:
+        IntegrityError: a shard is missing, extra or of another size (names them).
+        NotABuildError: no ``hs_dataset.json``.
+    """
+    import datasets
+
+    root = Path(path_or_repo)
+    if root.is_dir():
+        if not streaming:
+            return open_dataset(root)
+        _checked_listing(root)
+        return datasets.load_dataset(str(root), split=split, streaming=True, **kwargs)
+    from .verify import verify_repo
+
+    report = verify_repo(str(path_or_repo), revision=revision, quick=True, token=token, endpoint=endpoint)
+    report.raise_if_bad()
+    return datasets.load_dataset(str(path_or_repo), revision=report.commit, split=split, streaming=streaming,
+                                 token=token, **kwargs)
 
 
 def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
@@ -287,4 +353,4 @@ _register_torch_format()
 
 
 __all__ = ["READ_AHEAD_BYTES", "TORCH_FORMAT", "DrafterCollator", "column_bits", "decode_row", "decode_state",
-           "empty_batch_tensor", "iter_torch", "list_values", "open_dataset", "state_columns_of"]
+           "empty_batch_tensor", "iter_torch", "list_values", "load_verified", "open_dataset", "state_columns_of"]

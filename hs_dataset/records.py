@@ -22,10 +22,22 @@ __all__ = ["CaptureResult", "Conversation", "Counts", "Message", "Reject", "Samp
 
 @dataclass(frozen=True)
 class Message:
-    """One chat turn, normalised: role is ``system``, ``user`` or ``assistant``."""
+    """One chat turn, normalised: role is ``system``, ``user`` or ``assistant``.
+
+    ``reasoning_content``: an assistant turn's thinking, given to the chat template under that key
+    (the template decides whether it is rendered).
+    """
 
     role: str
     content: str
+    reasoning_content: str | None = None
+
+    def as_chat(self) -> dict[str, str]:
+        """The message as a chat template sees it (``reasoning_content`` only when present)."""
+        chat = {"role": self.role, "content": self.content}
+        if self.reasoning_content is not None:
+            chat["reasoning_content"] = self.reasoning_content
+        return chat
 
 
 @dataclass
@@ -56,6 +68,7 @@ class TokenizedSample:
     input_ids: np.ndarray  # int32 [T]
     loss_mask: np.ndarray  # uint8 [T]
     truncated: bool = False
+    messages: str | None = None  # regenerate builds: the conversation the tokens render (JSON text)
 
     @property
     def num_tokens(self) -> int:

@@ -3,9 +3,11 @@ and the errors of a disk that cannot be written.
 
 A *part* is a fixed range of ``part_size`` source rows. A part's record
 (``.hs_build/parts/part-PPPPP.json``, written atomically after its shards are in ``data/``) is the
-commit point of the part. :func:`recover` runs when a build starts: it keeps exactly the parts
-whose record reads, matches the plan and whose listed shards are all there with their recorded
-sizes; everything else (unrecorded shards, staging folders, ``.tmp`` files of killed atomic writes)
+commit point of the part; it lists each shard with its size, rows and content hash
+(:mod:`hs_dataset.checksums`). :func:`recover` runs when a build starts: it keeps exactly the parts
+whose record reads, matches the plan, whose listed shards all pass the quick check (size, first and
+last MiB, row count) and that no full verification marked damaged; everything else (shards no kept
+record lists, any other file in ``data/``, staging folders, ``.tmp`` files of killed atomic writes)
 is removed, so a rerun of the same command ends with the rows of an uninterrupted build.
 """
 
@@ -21,11 +23,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .checksums import check_shard
 from .errors import BuildLockedError, ConfigMismatchError, OutputWriteError
-from .layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
+from .layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
+from .redact import redact_text
 
-__all__ = ["atomic_write", "check_resume", "fsync_dir", "fsync_file", "invalidate_finished", "lock_output",
-           "output_error", "part_files", "part_record", "recover"]
+__all__ = ["RESUMABLE_CHANGES", "atomic_write", "check_resume", "damaged_parts", "fsync_dir", "fsync_file",
+           "invalidate_finished", "lock_output", "output_error", "part_files", "part_record", "recover"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,28 +94,45 @@ def _read_record(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _invalid(r: dict[str, Any] | None, parts: list[tuple[int, int, int]], data: Path) -> str | None:
+def _invalid(r: dict[str, Any] | None, parts: list[tuple[int, int, int]], data: Path, damaged: dict[int, str]) -> str | None:
     """Why a part record cannot be trusted (None: it can)."""
     if r is None:
         return "its record is unreadable"
     if (r["start"], r["stop"]) != parts[r["part"]][1:]:
         return "its row range changed"
+    if r["part"] in damaged:
+        return f"a full verification found it damaged ({damaged[r['part']]})"
     for f in r["files"]:
-        p = data / f["name"]
-        if not p.is_file():
-            return f"its shard {p} is missing"
-        if p.stat().st_size != int(f["bytes"]):
-            return f"its shard {p} has {p.stat().st_size} bytes, the record says {f['bytes']}"
+        why = check_shard(data / f["name"], f, quick=True)
+        if why is not None:
+            return f"its shard {data / f['name']} {why}"
+    rows = sum(int(f.get("rows", -1)) for f in r["files"])
+    if rows != int(r["counts"].get("written", -1)):
+        return f"its shards hold {rows} rows, its record counts {r['counts'].get('written')} written"
     return None
+
+
+def damaged_parts(state: Path) -> dict[int, str]:
+    """Parts a full verification (``hs-dataset verify``, ``push``) found damaged: {part: what}.
+
+    Written by :func:`hs_dataset.verify.mark_damaged`; the next build redoes them, then drops the file.
+    """
+    try:
+        d = json.loads((state / DAMAGED_FILE).read_text(encoding="utf-8"))
+        return {int(k): str(v) for k, v in d.items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
 
 
 def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[int]:
     """Bring the output directory back to a consistent state after any interruption.
 
     Returns the parts whose record is valid: the record reads, its row range matches the current
-    plan, and every shard it lists is in ``data/`` with the recorded size. Every other record is
-    removed (its part is redone), and so is every shard in ``data/`` that no valid record lists.
-    Staging folders and the ``.tmp`` files of interrupted atomic writes are removed.
+    plan, every shard it lists passes the quick check (:func:`hs_dataset.checksums.check_shard`:
+    size, first and last MiB, rows) and no full verification marked the part damaged. Every other
+    record is removed (its part is redone), and so is every file in ``data/`` that no valid record
+    lists (a duplicate or stray copy included: ``data/`` belongs to the build). Staging folders and
+    the ``.tmp`` files of interrupted atomic writes are removed.
     """
     shutil.rmtree(state / "staging", ignore_errors=True)
     for folder in (out, state, state / "parts"):
@@ -121,21 +142,29 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
     data = out / DATA_DIR
     done: set[int] = set()
     keep: set[str] = set()
+    damaged = damaged_parts(state)
     for rec in sorted((state / "parts").glob("part-*.json")):
         r = _read_record(rec)
         if r is not None and r["part"] >= len(parts):
             rec.unlink()  # beyond the end of the source (max_samples shrank): dropped; its shards go below
             continue
-        why = _invalid(r, parts, data)
+        why = _invalid(r, parts, data, damaged)
         if why is not None:
             logger.warning("hs_dataset: redoing %s: %s", rec.stem, why)
             rec.unlink()
             continue
         done.add(r["part"])
         keep.update(f["name"] for f in r["files"])
+    fsync_dir(state / "parts")
+    (state / DAMAGED_FILE).unlink(missing_ok=True)  # its parts' records are gone: they are redone
     for f in sorted(data.iterdir()):
-        if SHARD_RE.match(f.name) and f.name not in keep:
-            f.unlink()  # a part killed between moving its shards and writing its record
+        if f.name not in keep:
+            if not SHARD_RE.match(f.name):  # e.g. a copy of a shard: readers would load it too
+                logger.warning("hs_dataset: removing %s: no part record lists it", f)
+            if f.is_dir() and not f.is_symlink():
+                shutil.rmtree(f)
+            else:
+                f.unlink()  # e.g. a part killed between moving its shards and writing its record
     fsync_dir(data)
     return done
 
@@ -171,7 +200,8 @@ def invalidate_finished(out: Path, state: Path) -> None:
 
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NO_WRITE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EISDIR}
-_ERRNO_TEXT = {"no space left": errno.ENOSPC, "file too large": errno.EFBIG, "disk quota": errno.EDQUOT,
+_ERRNO_TEXT = {"no space left": errno.ENOSPC, "not enough disk space": errno.ENOSPC,  # datasets' own check
+               "file too large": errno.EFBIG, "disk quota": errno.EDQUOT,
                "read-only file system": errno.EROFS, "permission denied": errno.EACCES}
 
 
@@ -208,7 +238,15 @@ def output_error(e: OSError, out: Path) -> OutputWriteError | None:
     return OutputWriteError(code, msg, path or str(out))
 
 
+# Content fields that may still change on resume, (from, to): rows already written stay right.
+# on_nonfinite fail -> reject: a part written under "fail" holds no non-finite state (it would have
+# stopped the build), so it is what "reject" would have written.
+RESUMABLE_CHANGES: dict[str, set[tuple[Any, Any]]] = {"on_nonfinite": {("fail", "reject")}}
+
+
 def check_resume(state: Path, key: dict[str, Any]) -> None:
+    """Refuse to resume a build whose content key (``build.json``) differs from ``key``, except for
+    the changes in :data:`RESUMABLE_CHANGES`, which are recorded and allowed."""
     path = state / "build.json"
     if not path.exists():
         atomic_write(path, json.dumps(key, indent=1, sort_keys=True))
@@ -216,7 +254,12 @@ def check_resume(state: Path, key: dict[str, Any]) -> None:
     old = json.loads(path.read_text())
     if old != key:
         diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
-        details = "; ".join(f"{k}: {old.get(k)!r} -> {key.get(k)!r}" for k in diff)
+        if all((old.get(k), key.get(k)) in RESUMABLE_CHANGES.get(k, ()) for k in diff):
+            logger.warning("hs_dataset: resuming %s with %s", state.parent,
+                           ", ".join(f"{k} {old.get(k)!r} -> {key.get(k)!r}" for k in diff))
+            atomic_write(path, json.dumps(key, indent=1, sort_keys=True))
+            return
+        details = redact_text("; ".join(f"{k}: {old.get(k)!r} -> {key.get(k)!r}" for k in diff))[0]
         raise ConfigMismatchError(
             f"{state.parent} holds a build made with another configuration ({details}). Refusing to mix "
             "rows: use a new --output directory, or delete this one to start over.")

@@ -7,10 +7,15 @@ moved into ``data/`` and only after that is the part's record written (atomicall
 is the commit point. A build killed at any moment (SIGKILL included) and run again with the
 same command ends with the same rows as an uninterrupted build:
 
-* on start it checks every part record: each listed shard must exist with its recorded size,
-  else the part is redone; shards in ``data/`` that no valid record lists (a part killed between
-  its moves and its record) are deleted; staging folders (with datasets' ``.incomplete`` dirs)
-  and ``.tmp`` files of killed atomic writes are removed;
+* each shard's size, rows and content hash are recorded with its part (:mod:`hs_dataset.checksums`)
+  and, for the finished build, in ``hs_dataset.json`` (``shards``);
+* on start it checks every part record: each listed shard must pass the quick check (size, first
+  and last MiB, rows) and not be marked damaged by a full ``hs-dataset verify``, else the part is
+  redone; files in ``data/`` that no valid record lists (a part killed between its moves and its
+  record, a stray copy) are deleted; staging folders (with datasets' ``.incomplete`` dirs) and
+  ``.tmp`` files of killed atomic writes are removed;
+* credentials in the configuration and the build command are redacted in everything written
+  (:mod:`hs_dataset.redact`);
 * ``hs_dataset.json`` is written last by the final step, so it exists only for a finished build;
   a build that is about to change ``data/`` removes it (and README.md / rejects.jsonl) first, so
   a half-built directory is never mistaken for a finished one (``hs-dataset push`` refuses it);
@@ -40,11 +45,13 @@ import datasets
 from . import __version__
 from .backends import LAYER_CONVENTION, CaptureBackend, check_layers, make_backend, read_model_info
 from .card import render_readme
+from .checksums import shard_entry
 from .config import HiddenStatesConfig
 from .dataset_builder import CaptureStream, HiddenStatesBuilder
 from .errors import BuildLockedError, ConfigMismatchError, OutputWriteError
-from .layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE, STATE_DIR, shard_name, state_columns
+from .layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, STATE_DIR, shard_name, state_columns
 from .records import Counts
+from .redact import record_redacted, redact, redact_command
 from .resume import (atomic_write, check_resume, fsync_dir, fsync_file, invalidate_finished, lock_output,
                      output_error, part_files, part_record, recover)
 from .sources import count_rows, source_fingerprint
@@ -117,11 +124,16 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
     (out / DATA_DIR).mkdir(exist_ok=True)
     lock = lock_output(out, state)
     try:
+        _, secrets = redact(config.to_dict())
+        if build_command is not None:
+            build_command, more = redact_command(build_command)
+            secrets += more
         info = backend.info if backend is not None else read_model_info(config.model, config.model_revision)
         layers = check_layers(config.layers, info)
         key = dict(config.content_key(), source_fingerprint=source_fingerprint(config.source),
                    hidden_size=info.hidden_size, num_layers=info.num_layers)
         check_resume(state, key)
+        record_redacted(state, secrets)  # salted digests only: push scans its uploads for them
 
         n = count_rows(config.source)
         if config.max_samples is not None:
@@ -141,7 +153,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             for i, start, stop in todo:
                 if backend is None:
                     backend = make_backend(config.backend, config.model, layers, revision=config.model_revision,
-                                           options=config.backend_options)
+                                           options=config.backend_options, trust_remote_code=config.trust_remote_code)
                     own_backend = True
                 if stream is None and getattr(backend, "continuous", False):
                     # one capture over all remaining parts: the engine never drains at a part boundary
@@ -253,13 +265,15 @@ def _commit_part(out: Path, state: Path, g: _Generated, ext: str) -> None:
     record_path = part_record(state, g.i)
     try:
         shards = sorted(glob.glob(str(g.staging / f"*-train*.{ext}")))
-        for src in shards:  # on disk before the record can point at them
-            fsync_file(Path(src))
         files = []
-        for k, src in enumerate(shards):
-            dst = out / DATA_DIR / shard_name(g.i, k, ext)
-            os.replace(src, dst)
-            files.append({"name": dst.name, "bytes": dst.stat().st_size})
+        for k, src in enumerate(shards):  # size, rows and content hash, read back while in the page cache
+            files.append(dict(shard_entry(src), name=shard_name(g.i, k, ext)))
+            fsync_file(Path(src))  # on disk before the record can point at it
+        if sum(f["rows"] for f in files) != g.counts.written:
+            raise RuntimeError(f"part {g.i}: its shards hold {sum(f['rows'] for f in files)} rows, "
+                               f"{g.counts.written} were written; this is a bug in hs_dataset")
+        for src, f in zip(shards, files):
+            os.replace(src, out / DATA_DIR / f["name"])
         fsync_dir(out / DATA_DIR)
         record = {"part": g.i, "start": g.start, "stop": g.stop, "files": files,
                   "counts": dataclasses.asdict(g.counts), "rejects": g.rejects, "backend_versions": g.backend_versions}
@@ -268,12 +282,6 @@ def _commit_part(out: Path, state: Path, g: _Generated, ext: str) -> None:
         _discard_part(out, state, g.i, ext)
         raise
     _clear_staging(state, g.i)
-
-
-def _secret_key(key: str) -> bool:
-    """Backend options never recorded: credentials (api_key, hf_token, ...), not e.g. batch_tokens."""
-    k = key.lower()
-    return any(w in k for w in ("secret", "password", "api_key", "apikey", "auth")) or k.endswith("token")
 
 
 def _versions(backend: CaptureBackend | None) -> dict[str, str]:
@@ -289,7 +297,7 @@ def _versions(backend: CaptureBackend | None) -> dict[str, str]:
 def _finalize(config: HiddenStatesConfig, out: Path, state: Path, parts: list[tuple[int, int, int]], info,
               layers: tuple[int, ...], backend: CaptureBackend | None, build_command: str | None) -> Counts:
     """Aggregate part records into rejects.jsonl, hs_dataset.json and README.md."""
-    from .tokenize_mask import chat_template_sha256, load_tokenizer
+    from .tokenize_mask import tokenizer_record
 
     counts = Counts()
     rejects: list[dict] = []
@@ -325,8 +333,7 @@ def _finalize(config: HiddenStatesConfig, out: Path, state: Path, parts: list[tu
         "stored_as": "uint16 bit patterns of bfloat16" if config.storage_dtype == "bfloat16"
         else "uint8 bit patterns of float8_e4m3fn + per-token float32 scale (amax/448) in <column>_scale",
         "decode": "hs_dataset.reader.decode_row(ds.with_format('arrow')[i]) -> dict of torch tensors",
-        "tokenizer": {"path": os.path.abspath(tok_path),
-                      "chat_template_sha256": chat_template_sha256(load_tokenizer(tok_path))},
+        "tokenizer": tokenizer_record(tok_path, trust_remote_code=config.trust_remote_code),
         "max_length": config.max_length,
         "mask": config.mask,
         "truncation": config.truncation,
@@ -335,12 +342,14 @@ def _finalize(config: HiddenStatesConfig, out: Path, state: Path, parts: list[tu
         "bytes": nbytes,
         "files": len(files),
         "backend": {"name": config.backend,
-                    "options": {k: v for k, v in config.backend_options.items() if not _secret_key(k)},
+                    "options": config.backend_options,
                     "versions": _versions(backend) if backend is not None else
                     previous.get("backend", {}).get("versions") or {**_versions(None), **record_versions}},
         "build_command": build_command or previous.get("build_command"),
         "config": config.to_dict(),
+        "shards": files,  # name, bytes, rows, xxh3_128, edges_xxh3_128 (hs_dataset.checksums)
     }
+    meta, _ = redact(meta)  # credentials at any depth, URL user-info: '***' (hs_dataset.redact)
     text = json.dumps(meta, indent=1)
     atomic_write(state / META_FILE, text)
     atomic_write(out / README_FILE, render_readme(meta, str(out)))
@@ -351,7 +360,7 @@ def _finalize(config: HiddenStatesConfig, out: Path, state: Path, parts: list[tu
 def _check_outputs(out: Path, files: list[dict]) -> None:
     """``data/`` holds exactly the recorded shards with their recorded sizes (else: a bug)."""
     listed = {f["name"]: int(f["bytes"]) for f in files}
-    present = {f.name: f.stat().st_size for f in (out / DATA_DIR).iterdir() if SHARD_RE.match(f.name)}
+    present = {f.name: f.stat().st_size for f in (out / DATA_DIR).iterdir()}
     if listed != present:
         missing = sorted(set(listed) - set(present))
         extra = sorted(set(present) - set(listed))

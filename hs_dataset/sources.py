@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .layout import utf8_safe
 from .records import SourceRow
 
 __all__ = [
@@ -63,7 +64,7 @@ class _Spec:
     kind: str  # "jsonl" | "json" | "parquet" | "disk" | "hf"
     path: str
     split: str | None
-    name: str
+    name: str  # valid UTF-8: a file name's undecodable bytes are escaped (layout.utf8_safe)
 
 
 def _resolve(source: str | os.PathLike[str]) -> _Spec:
@@ -74,19 +75,19 @@ def _resolve(source: str | os.PathLike[str]) -> _Spec:
         if not path:
             raise ValueError(f"source {text!r}: expected 'hf:<path_or_name>[:split]'")
         name = Path(path.rstrip("/")).name or path
-        return _Spec("hf", path, split or None, name)
+        return _Spec("hf", path, split or None, utf8_safe(name))
     p = Path(text)
     if not p.exists():
         # "dir:split" for a DatasetDict saved to disk.
         head, sep, split = text.rpartition(":")
         if sep and head and Path(head).is_dir():
-            return _Spec("disk", head, split or None, Path(head).name)
+            return _Spec("disk", head, split or None, utf8_safe(Path(head).name))
         raise FileNotFoundError(
             f"source {text!r} does not exist; give a .jsonl/.json/.parquet file, a directory saved "
             "with datasets' save_to_disk (optionally 'dir:split'), or 'hf:<path_or_name>[:split]'"
         )
     if p.is_dir():
-        return _Spec("disk", text, None, p.name)
+        return _Spec("disk", text, None, utf8_safe(p.name))
     suffix = p.suffix.lower()
     kinds = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet"}
     if suffix not in kinds:
@@ -94,7 +95,7 @@ def _resolve(source: str | os.PathLike[str]) -> _Spec:
             f"source {text!r}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet, "
             "or load it through 'hf:<path>'"
         )
-    return _Spec(kinds[suffix], text, None, p.stem)
+    return _Spec(kinds[suffix], text, None, utf8_safe(p.stem))
 
 
 def source_name(source: str | os.PathLike[str]) -> str:

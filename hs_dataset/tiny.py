@@ -1,8 +1,9 @@
 """Tiny random-weight models and tokenizers for the demo and the tests, made locally (no downloads).
 
-* :func:`make_tiny_tokenizer` trains a small byte-level BPE on the bundled text
-  (``hs_dataset/data/tiny_corpus.txt``) with the special tokens and a real Jinja chat template of
-  one of three styles: ``"chatml"`` (Qwen), ``"llama3"`` or ``"deepseek"`` (DeepSeek-V3).
+* :func:`make_tiny_tokenizer` trains a small byte-level BPE (:func:`train_byte_level_bpe`) on the
+  bundled text (``hs_dataset/data/tiny_corpus.txt``) with the special tokens and a real Jinja chat
+  template of one of three styles: ``"chatml"`` (Qwen), ``"llama3"`` or ``"deepseek"`` (DeepSeek-V3).
+  :mod:`hs_dataset.tiny_kimi` packages the same BPE as Kimi-K2.5's tiktoken tokenizer.
 * :func:`make_tiny_llama` makes a random-weight ``LlamaForCausalLM`` saved in bfloat16.
 * :func:`make_tiny_model_dir` puts both in one directory, deterministically for a seed.
 """
@@ -13,9 +14,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "make_tiny_model_dir",
     "make_tiny_tokenizer",
     "tiny_corpus_path",
+    "train_byte_level_bpe",
 ]
 
 TINY_VOCAB_SIZE = 1536
@@ -134,32 +137,40 @@ def _check_style(template: str) -> _Style:
     return _STYLES[template]
 
 
+def train_byte_level_bpe(special: Sequence[str] = (), vocab_size: int = TINY_VOCAB_SIZE) -> Tokenizer:
+    """A byte-level BPE (GPT-2 style: all 256 bytes, then merges) trained on the bundled corpus.
+
+    ``special`` tokens take ids ``0..len(special)-1`` and count in ``vocab_size``. Deterministic.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    text = tiny_corpus_path().read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.strip()]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(special),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(lines, trainer=trainer)
+    return bpe
+
+
 def make_tiny_tokenizer(out_dir: str | os.PathLike[str], template: str = "chatml") -> PreTrainedTokenizerFast:
     """Train a ~1.5k-token byte-level BPE with ``template``'s special tokens and chat template.
 
     Deterministic (the corpus is bundled); saved with ``save_pretrained`` to ``out_dir`` and
     returned as a ``PreTrainedTokenizerFast``.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     style = _check_style(template)
-    text = tiny_corpus_path().read_text(encoding="utf-8")
-    lines = [line for line in text.splitlines() if line.strip()]
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE,
-        min_frequency=2,
-        special_tokens=list(style.special),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(lines, trainer=trainer)
-
+    bpe = train_byte_level_bpe(style.special)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token=style.bos,
@@ -187,8 +198,13 @@ def make_tiny_llama(
     bos_token_id: int | None = None,
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
+    random_norms: bool = False,
 ) -> LlamaForCausalLM:
-    """Make a random-weight ``LlamaForCausalLM`` (seeded) and save it in bfloat16 to ``out_dir``."""
+    """Make a random-weight ``LlamaForCausalLM`` (seeded) and save it in bfloat16 to ``out_dir``.
+
+    ``random_norms``: draw every RMSNorm weight from U(0.5, 1.5) instead of leaving it all ones (a
+    model on which "before" and "after" the final norm differ by more than a scale).
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -217,6 +233,11 @@ def make_tiny_llama(
     with torch.random.fork_rng(devices=[]):  # seed the CPU generator without touching the caller's
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
+        if random_norms:
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    with torch.no_grad():
+                        p.uniform_(0.5, 1.5)
     model = model.to(torch.bfloat16).eval()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -228,11 +249,12 @@ _MARKER = "tiny_model.json"
 _DONE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
-def make_tiny_model_dir(out_dir: str | os.PathLike[str], template: str = "chatml", seed: int = 0) -> Path:
+def make_tiny_model_dir(out_dir: str | os.PathLike[str], template: str = "chatml", seed: int = 0,
+                        random_norms: bool = False) -> Path:
     """Make a tiny tokenizer + random Llama in ``out_dir`` (idempotent, deterministic for a seed).
 
     If the directory already holds a complete tiny model, return at once; if it was made with
-    another template or seed, raise (use another directory).
+    another template, seed or ``random_norms`` (see :func:`make_tiny_llama`), raise (use another directory).
     """
     _check_style(template)
     out = Path(out_dir)
@@ -240,10 +262,11 @@ def make_tiny_model_dir(out_dir: str | os.PathLike[str], template: str = "chatml
     if all((out / f).exists() for f in _DONE_FILES):
         if marker.exists():
             made = json.loads(marker.read_text(encoding="utf-8"))
-            if made.get("template") != template or made.get("seed") != seed:
+            if (made.get("template"), made.get("seed"), made.get("random_norms", False)) != (template, seed,
+                                                                                           random_norms):
                 raise ValueError(
                     f"{out} already holds a tiny model made with {made}, not "
-                    f"template={template!r} seed={seed}; use another directory or delete it"
+                    f"template={template!r} seed={seed} random_norms={random_norms}; use another directory or delete it"
                 )
         return out
     tok = make_tiny_tokenizer(out, template)
@@ -254,6 +277,8 @@ def make_tiny_model_dir(out_dir: str | os.PathLike[str], template: str = "chatml
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
+        random_norms=random_norms,
     )
-    marker.write_text(json.dumps({"template": template, "seed": seed}) + "\n", encoding="utf-8")
+    made = {"template": template, "seed": seed, **({"random_norms": True} if random_norms else {})}
+    marker.write_text(json.dumps(made) + "\n", encoding="utf-8")
     return out

@@ -13,8 +13,33 @@ Both must be string prefixes of the full rendering (else the template is not pre
 it rewrites earlier turns, and the sample is rejected). The characters ``[len(A), len(B))`` of the
 full text are the assistant span: the reply as the template renders it (a template may trim it)
 plus the end-of-turn marker(s). The full text is tokenized once (``add_special_tokens=False``:
-the template renders BOS itself) with offsets, and a token is in the loss mask when its
-characters overlap an assistant span.
+the template renders BOS itself) with each token's character range (fast tokenizers' offsets, or
+exact token bytes for tiktoken / byte-level slow tokenizers: :mod:`hs_dataset.token_offsets`), and
+a token is in the loss mask when its characters overlap an assistant span.
+
+Thinking templates. An assistant turn's ``reasoning_content`` is given to the template, which
+decides what of it to render. The rule for a template that renders a turn differently once later
+turns follow (e.g. drops the reasoning of earlier turns, as Qwen3's does): every masked turn must be
+prefix-stable, so ``mask="all"`` rejects such a multi-turn sample ("not prefix-stable"), while
+``mask="last"`` works: only the last turn is masked, rendered as the template renders the last turn,
+and the earlier turns are context in their history form. Kimi-K2.5's template is prefix-stable:
+every assistant turn up to the last one without tool calls, the last reply included, renders an
+empty ``<think></think>`` (its reasoning is not rendered), so the masked text of a turn is
+``</think>`` (the generation prompt ends with ``<think>``), the reply and ``<|im_end|>``.
+
+**Bounded memory** (:func:`encode_bounded`): only a prefix of the rendered text is tokenized, so a
+50 MB conversation costs what a short one does. The prefix is the first ``C = 8 * (max_length +
+64)`` characters; while it tokenizes to fewer than ``max_length + 64`` tokens (and is not the whole
+text), ``C`` doubles. A token covers at most ``L`` characters (the vocabulary's longest token), so
+this ends by ``C <= 2 * L * (max_length + 64)`` characters, whatever the text's size. The kept
+tokens are those of the whole text: tokenizers match added tokens first, split the rest into
+pre-tokens (words, digit groups, whitespace runs) and tokenize each pre-token on its own, so a cut
+changes only the pre-token it falls in, and at least 64 tokens lie between the first
+``max_length`` tokens and the cut. (Only one pre-token of more than 64 tokens that reaches from the
+``max_length``-th token to the cut, e.g. tens of thousands of letters without a space, could make
+them differ; they are then those of the prefix, the same in every build.) A text cut this way has
+more than ``max_length`` tokens: ``truncation="truncate"`` keeps the first ``max_length``,
+``"reject"`` rejects it; the mask rule is unchanged.
 """
 
 from __future__ import annotations
@@ -22,50 +47,70 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 
 from .errors import ConfigError, SampleError
 from .layout import MASK_MODES, TRUNCATION_MODES
 from .records import Conversation, Message, TokenizedSample
+from .token_offsets import encode_with_offsets, offsets_method
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "MASK_MODES",
     "TRUNCATION_MODES",
     "assistant_char_spans",
     "chat_template_sha256",
+    "encode_bounded",
     "load_tokenizer",
     "render_conversation",
     "tokenize_conversation",
     "tokenize_sample",
+    "tokenizer_record",
 ]
 
 
-def load_tokenizer(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> PreTrainedTokenizerFast:
-    """Load a fast (``tokenizers``-backed) tokenizer with a chat template from a local directory.
+def load_tokenizer(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """Load a tokenizer with a chat template from a local directory.
 
-    Raises :class:`~hs_dataset.errors.ConfigError` saying what to fix if it cannot be loaded, is not
-    a fast tokenizer or has no chat template.
+    A fast (``tokenizers``-backed) tokenizer, or a slow one whose tokens are exact bytes (tiktoken,
+    byte-level BPE; see :mod:`hs_dataset.token_offsets`). ``trust_remote_code`` allows a tokenizer
+    that ships its own Python code (``auto_map`` in ``tokenizer_config.json``, e.g. Kimi-K2.5's).
+
+    Raises:
+        ConfigError: saying what to fix if it cannot be loaded, needs ``trust_remote_code``, has
+            tokens that are not exact bytes, or has no chat template.
     """
     from transformers import AutoTokenizer
 
+    remote = _remote_class(path)
+    if remote is not None and not trust_remote_code:
+        # Checked here, not left to transformers: it may load some other tokenizer instead (e.g. convert
+        # tiktoken.model itself), whose ids need not be the model's own tokenizer's.
+        raise ConfigError(
+            f"tokenizer at {os.fspath(path)!r} is its own Python code ({remote}, named by tokenizer_config.json's "
+            "auto_map); if you trust it, rerun with --set trust_remote_code=true "
+            "(hs-dataset import: --trust-remote-code)"
+        )
     try:
-        tok = AutoTokenizer.from_pretrained(os.fspath(path), trust_remote_code=trust_remote_code)
-    except Exception as e:  # transformers raises many kinds here (OSError, ValueError, KeyError...)
+        if remote is not None:
+            # The class auto_map names, loaded directly: AutoTokenizer may prefer a tokenizer of its own for
+            # the model type even when trusted (transformers 5 maps kimi_k25 to a converted fast tokenizer).
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            tok = get_class_from_dynamic_module(remote, os.fspath(path)).from_pretrained(
+                os.fspath(path), trust_remote_code=True)
+        else:
+            tok = AutoTokenizer.from_pretrained(os.fspath(path), trust_remote_code=trust_remote_code)
+    except Exception as e:  # transformers raises many kinds here (OSError, ValueError, KeyError, ImportError...)
         raise ConfigError(
             f"cannot load a tokenizer from {os.fspath(path)!r}: {type(e).__name__}: {e}; point to a "
             "directory with tokenizer.json and tokenizer_config.json (the model directory)"
         ) from e
-    if not getattr(tok, "is_fast", False):
-        raise ConfigError(
-            f"tokenizer at {os.fspath(path)!r} is not a fast tokenizer ({type(tok).__name__}); the "
-            "loss mask needs character offsets, so provide a tokenizer.json (convert it with "
-            "AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(...))"
-        )
+    offsets_method(tok, path)
     if not tok.chat_template:
         raise ConfigError(
             f"tokenizer at {os.fspath(path)!r} has no chat template; use the instruct/chat model's "
@@ -74,7 +119,18 @@ def load_tokenizer(path: str | os.PathLike[str], *, trust_remote_code: bool = Fa
     return tok
 
 
-def chat_template_sha256(tokenizer: PreTrainedTokenizerFast) -> str:
+def _remote_class(path: str | os.PathLike[str]) -> str | None:
+    """The tokenizer class of ``tokenizer_config.json``'s ``auto_map`` (the directory's own code), or None."""
+    try:
+        with open(os.path.join(os.fspath(path), "tokenizer_config.json"), encoding="utf-8") as f:
+            ref = json.load(f)["auto_map"]["AutoTokenizer"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    refs = [r for r in (ref if isinstance(ref, list) else [ref]) if r]
+    return str(refs[0]) if refs else None
+
+
+def chat_template_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
     """sha256 hex digest of the tokenizer's chat template (a dict of named templates is hashed as canonical JSON)."""
     template = tokenizer.chat_template
     if template is None:
@@ -86,9 +142,21 @@ def chat_template_sha256(tokenizer: PreTrainedTokenizerFast) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def render_conversation(tokenizer: PreTrainedTokenizerFast, messages: list[Message], *, add_generation_prompt: bool) -> str:
+def tokenizer_record(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """What ``hs_dataset.json`` records about the tokenizer: its directory, class, whether its own
+    code was trusted, how token offsets were computed and the chat template's sha256.
+
+    Raises:
+        ConfigError: see :func:`load_tokenizer`.
+    """
+    tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    return {"path": os.path.abspath(path), "class": type(tok).__name__, "trust_remote_code": bool(trust_remote_code),
+            "token_offsets": offsets_method(tok, path), "chat_template_sha256": chat_template_sha256(tok)}
+
+
+def render_conversation(tokenizer: PreTrainedTokenizerBase, messages: list[Message], *, add_generation_prompt: bool) -> str:
     """Render ``messages`` with the tokenizer's chat template; a template failure is a SampleError."""
-    chat = [{"role": m.role, "content": m.content} for m in messages]
+    chat = [m.as_chat() for m in messages]
     try:
         text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
     except Exception as e:  # jinja2 errors, raise_exception() in templates, TypeError...
@@ -102,7 +170,7 @@ def render_conversation(tokenizer: PreTrainedTokenizerFast, messages: list[Messa
 
 
 def assistant_char_spans(
-    tokenizer: PreTrainedTokenizerFast, messages: list[Message], *, mask: str = "all"
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], *, mask: str = "all"
 ) -> tuple[str, list[tuple[int, int]]]:
     """Render ``messages`` and return ``(full_text, spans)``: the ``[start, end)`` character spans
     of the assistant replies (reply + the end-of-turn marker(s) the template renders after it).
@@ -126,7 +194,8 @@ def assistant_char_spans(
                     "chat_template",
                     f"template is not prefix-stable at turn {i}: the {name} rendering differs from the "
                     f"full conversation at character {at} ({text[at:at + 30]!r} vs {full[at:at + 30]!r}); "
-                    "the loss mask cannot be derived from this template (does it rewrite earlier turns?)",
+                    "the loss mask cannot be derived from this template (does it rewrite earlier turns, e.g. drop "
+                    "their reasoning?); with mask=last only the last turn has to be prefix-stable",
                 )
         if len(upto) <= len(before):
             raise SampleError(
@@ -159,6 +228,25 @@ def _mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, in
     return mask
 
 
+CUT_MARGIN = 64  # tokens tokenized beyond max_length, between the kept tokens and the cut
+CUT_CHARS_PER_TOKEN = 8  # the first cut, in characters per token (doubled while too few tokens)
+_Enc = TypeVar("_Enc")
+
+
+def encode_bounded(text: str, max_length: int, encode: Callable[[str], _Enc],
+                   count: Callable[[_Enc], int]) -> tuple[_Enc, bool]:
+    """``encode`` a prefix of ``text`` long enough for ``max_length + CUT_MARGIN`` tokens (the rule
+    is in the module docstring) -> ``(encoding, cut)``; ``cut``: the text was longer than the prefix,
+    so it holds more than ``max_length`` tokens. ``count(encoding)`` is its number of tokens."""
+    limit = CUT_CHARS_PER_TOKEN * (max_length + CUT_MARGIN)
+    while len(text) > limit:
+        enc = encode(text[:limit])
+        if count(enc) >= max_length + CUT_MARGIN:
+            return enc, True
+        limit *= 2
+    return encode(text), False
+
+
 def _check_modes(max_length: int, mask: str, truncation: str) -> None:
     if not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
@@ -168,15 +256,17 @@ def _check_modes(max_length: int, mask: str, truncation: str) -> None:
         raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
 
 
-def _finish(sample_id: str, ids: np.ndarray, loss_mask: np.ndarray, *, max_length: int, truncation: str) -> TokenizedSample:
-    """Apply the truncation policy and the 'something to train on' check."""
+def _finish(sample_id: str, ids: np.ndarray, loss_mask: np.ndarray, *, max_length: int, truncation: str,
+            cut: bool = False) -> TokenizedSample:
+    """Apply the truncation policy and the 'something to train on' check (``cut``: ``ids`` are the
+    tokens of a prefix of the text, see :func:`encode_bounded`)."""
     n = int(ids.shape[0])
     truncated = False
     if n > max_length:
         if truncation == "reject":
             raise SampleError(
                 "input_ids",
-                f"sample has {n} tokens, more than max_length={max_length} (truncation='reject'); "
+                f"sample has {'more than ' if cut else ''}{n} tokens, more than max_length={max_length} (truncation='reject'); "
                 "raise max_length or use truncation='truncate'",
             )
         ones = np.flatnonzero(loss_mask)
@@ -200,7 +290,7 @@ def _finish(sample_id: str, ids: np.ndarray, loss_mask: np.ndarray, *, max_lengt
 
 def tokenize_conversation(
     conv: Conversation,
-    tokenizer: PreTrainedTokenizerFast,
+    tokenizer: PreTrainedTokenizerBase,
     *,
     max_length: int,
     mask: str = "all",
@@ -214,20 +304,17 @@ def tokenize_conversation(
     """
     _check_modes(max_length, mask, truncation)
     full, spans = assistant_char_spans(tokenizer, conv.messages, mask=mask)
-    try:
-        enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    except Exception as e:
-        raise SampleError("chat_template", f"tokenizing the rendered text failed: {type(e).__name__}: {e}") from None
-    ids = np.asarray(enc["input_ids"], dtype=np.int64)
+    (ids, offsets), cut = encode_bounded(full, max_length, lambda text: encode_with_offsets(tokenizer, text),
+                                         lambda e: len(e[0]))
     if ids.size == 0:
         raise SampleError("chat_template", "the rendered conversation tokenizes to no tokens")
-    loss_mask = _mask_from_offsets(list(enc["offset_mapping"]), spans)
-    return _finish(conv.sample_id, ids, loss_mask, max_length=max_length, truncation=truncation)
+    loss_mask = _mask_from_offsets(offsets, spans)
+    return _finish(conv.sample_id, ids, loss_mask, max_length=max_length, truncation=truncation, cut=cut)
 
 
 def tokenize_sample(
     parsed: Conversation | TokenizedSample,
-    tokenizer: PreTrainedTokenizerFast,
+    tokenizer: PreTrainedTokenizerBase,
     *,
     max_length: int,
     mask: str = "all",

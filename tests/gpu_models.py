@@ -25,7 +25,7 @@ def make_llama(out: str | Path, *, hidden=512, layers=8, heads=8, kv_heads=4, in
     return out
 
 
-def make_dsv3(out: str | Path, seed=0) -> Path:
+def make_dsv3(out: str | Path, seed=0, *, hidden=512, vocab=32000) -> Path:
     """DeepSeek-V3 style (MLA + MoE, 4 layers, the first dense) with the official tensor names."""
     from safetensors.torch import save_file
     from transformers import DeepseekV3Config
@@ -34,7 +34,7 @@ def make_dsv3(out: str | Path, seed=0) -> Path:
     if (out / "config.json").exists():
         return out
     torch.manual_seed(seed)
-    H, V, L = 512, 32000, 4
+    H, V, L = hidden, vocab, 4
     nh, qlr, kvlr, nope, rope, vd = 8, 256, 512, 128, 64, 128
     inter, moe_inter, E, shared = 1024, 256, 8, 1
     cfg = DeepseekV3Config(
@@ -88,17 +88,21 @@ def make_dsv3(out: str | Path, seed=0) -> Path:
     return out
 
 
-def make_kimi_k25(out: str | Path, seed=0) -> Path:
-    """Kimi-K2.5 as SGLang loads it, tiny: ``KimiK25ForConditionalGeneration`` (model_type ``kimi_k25``)
-    with the tiny DeepSeek-V3 of :func:`make_dsv3` as ``text_config`` and a one-block MoonViT vision
-    tower; weights under the checkpoint's names (``language_model.*``, ``vision_tower.*``,
-    ``mm_projector.*``). The language-model tensors are exactly :func:`make_dsv3`'s."""
+def make_kimi_k25(out: str | Path, seed=0, *, hidden=512, vocab=32000) -> Path:
+    """Kimi-K2.5 as it ships and SGLang loads it, tiny: ``KimiK25ForConditionalGeneration`` (model_type
+    ``kimi_k25``) with the tiny DeepSeek-V3 of :func:`make_dsv3` as ``text_config`` and a one-block
+    MoonViT vision tower; weights under the checkpoint's names (``language_model.*``, ``vision_tower.*``,
+    ``mm_projector.*``), the language-model tensors exactly :func:`make_dsv3`'s; the tokenizer and
+    processor packaged like Kimi's (tiktoken + remote code: :func:`hs_dataset.tiny_kimi.make_kimi_tokenizer`),
+    so loading it needs ``trust_remote_code``."""
     from safetensors.torch import load_file, save_file
+
+    from hs_dataset.tiny_kimi import make_kimi_tokenizer
 
     out = Path(out)
     if (out / "config.json").exists():
         return out
-    text_dir = make_dsv3(out.parent / f".{out.name}-text", seed=seed)
+    text_dir = make_dsv3(out.parent / f".{out.name}-text", seed=seed, hidden=hidden, vocab=vocab)
     text_cfg = json.loads((text_dir / "config.json").read_text())
     text_cfg.pop("architectures", None)
     vt, mlp, patch, merge = 64, 128, 14, (2, 2)
@@ -107,8 +111,14 @@ def make_kimi_k25(out: str | Path, seed=0) -> Path:
                   intermediate_size=mlp, merge_kernel_size=list(merge), video_attn_type="spatial_temporal",
                   merge_type="sd2_tpool", mm_projector_type="patchmerger", mm_hidden_size=vt, vt_hidden_size=vt,
                   projector_hidden_act="gelu", projector_ln_eps=1e-5, text_hidden_size=text_cfg["hidden_size"])
+    tok_dir = make_kimi_tokenizer(out)
+    tok_cfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    token_id = {v["content"]: int(k) for k, v in tok_cfg["added_tokens_decoder"].items()}
+    if max(token_id.values()) >= vocab:
+        raise ValueError(f"vocab={vocab} is smaller than the tiny Kimi tokenizer ({max(token_id.values()) + 1} ids)")
     cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text_cfg,
-           "vision_config": vision, "media_placeholder_token_id": 31999, "pad_token_id": 0,
+           "vision_config": vision, "media_placeholder_token_id": token_id["<|media_pad|>"],
+           "pad_token_id": token_id["[PAD]"], "bos_token_id": token_id["[BOS]"], "eos_token_id": token_id["[EOS]"],
            "torch_dtype": "bfloat16", "dtype": "bfloat16", "tie_word_embeddings": False}
     torch.manual_seed(seed + 1)
     bf = torch.bfloat16
@@ -131,8 +141,5 @@ def make_kimi_k25(out: str | Path, seed=0) -> Path:
                m + "proj.2.weight": r(text_cfg["hidden_size"], merged), m + "proj.2.bias": r(text_cfg["hidden_size"])})
     os.makedirs(out, exist_ok=True)
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    from hs_dataset.tiny import make_tiny_tokenizer
-
-    make_tiny_tokenizer(out, template="chatml")  # SGLang wants a processing class for a multimodal model
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))  # last: the directory is complete
     return out

@@ -4,8 +4,8 @@
   process at a local :class:`tests.hub_server.HubServer` (and at throw-away caches).
 * :func:`client_subprocess_env` gives the environment for a client running in a subprocess.
 * :func:`write_built_dataset` writes a directory laid out like the builder's output
-  (README.md with ``configs:``/``dataset_info:``, hs_dataset.json, data/*.arrow, rejects.jsonl,
-  .hs_build/), with ``datasets``' own ArrowWriter.
+  (README.md with ``configs:``/``dataset_info:``, hs_dataset.json with the shards' checksums,
+  data/*.arrow, rejects.jsonl, .hs_build/), with ``datasets``' own ArrowWriter.
 * :func:`build_with_real_builder` is the hook for the end-to-end test once the builder lands.
 """
 
@@ -172,12 +172,15 @@ def write_built_dataset(
     """Write a finished build directory with ``rows`` split into shards of ``shard_rows``."""
     from datasets.arrow_writer import ArrowWriter
 
+    from hs_dataset.checksums import shard_entry
+
     out = Path(out_dir)
     (out / "data").mkdir(parents=True, exist_ok=True)
     (out / ".hs_build").mkdir(exist_ok=True)
     feats = features()
     shards = [rows[i:i + shard_rows] for i in range(0, len(rows), shard_rows)] or [[]]
     total_bytes = 0
+    entries = []
     for k, shard in enumerate(shards):
         path = out / "data" / f"train-{k:05d}-{len(shards):05d}.arrow"
         with ArrowWriter(features=feats, path=str(path)) as writer:
@@ -185,6 +188,7 @@ def write_built_dataset(
             writer.write_batch(batch)
             writer.finalize()
         total_bytes += path.stat().st_size
+        entries.append(shard_entry(path))  # what the builder records: size, rows, content hash
     tokens = sum(len(r["input_ids"]) for r in rows)
     metadata = {
         "format_version": 1,
@@ -203,6 +207,7 @@ def write_built_dataset(
         "backend": {"name": "sglang", "versions": {"sglang": "0.5.11", "torch": "2.13.0", "datasets": "5.2.0"}},
         "build_command": build_command,
         "columns": list(feats),
+        "shards": entries,
     }
     metadata.update(extra_metadata or {})
     (out / "hs_dataset.json").write_text(json.dumps(metadata, indent=2) + "\n")

@@ -113,8 +113,16 @@ def test_nonfinite_states_stop_the_build_naming_sample_and_layer(poisoned, tmp_p
     assert repr(bad[0]) in msg and "hidden_layer_0" in msg and "NaN" in msg and "on_nonfinite=reject" in msg
     first_bad_part = int(bad[0].rsplit(":", 1)[1]) // 4
     assert assert_clean_stop(out) == first_bad_part  # the parts before it are kept, that part is not
-    with pytest.raises(ConfigMismatchError, match="on_nonfinite"):  # switching policy mid-build is refused
-        build(config(model, on_nonfinite="reject"), out, progress=False)
+    # what the message suggests works on the same directory: fail -> reject resumes (the parts written
+    # under "fail" hold no non-finite state), and the result is the uninterrupted "reject" build
+    s = build(config(model, on_nonfinite="reject"), out, progress=False)
+    assert s.parts_skipped == first_bad_part and s.counts.rejected == len(bad)
+    ref = tmp_path / "ref"
+    build(config(model, on_nonfinite="reject"), ref, progress=False)
+    assert content_hash(out) == content_hash(ref)
+    assert (out / "rejects.jsonl").read_text() == (ref / "rejects.jsonl").read_text()
+    with pytest.raises(ConfigMismatchError, match="on_nonfinite"):  # reject -> fail is refused
+        build(config(model), out, progress=False)
 
 
 def test_nonfinite_states_rejected_by_name_and_the_rest_exact(poisoned, tiny_model, tmp_path):

@@ -108,12 +108,50 @@ def test_parity_with_transformers_backend(models, arch, chunk, tmp_path):
 
 
 def test_kimi_k25_wrapper_parity(models, tmp_path):
-    """SGLang loads the tiny Kimi-K2.5 as KimiK25ForConditionalGeneration (MoonViT + projector around a
-    DeepseekV3ForCausalLM); the plugin captures its text model, matching the transformers backend
+    """SGLang loads the tiny Kimi-K2.5 as it ships (KimiK25ForConditionalGeneration: MoonViT + projector
+    around a DeepseekV3ForCausalLM; tiktoken tokenizer and processor as the directory's own code, loaded
+    with trust_remote_code); the plugin captures its text model, matching the transformers backend
     run on the same language-model tensors."""
     be = check_parity(models, "kimi", 64, tp=1)
     assert be.manifest["model_class"] == "KimiK25ForConditionalGeneration"
     assert be.manifest["text_model_class"] in ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
+
+
+def test_kimi_preset_builds_with_sglang_like_the_transformers_backend(models, tmp_path):
+    """builder_scripts/kimi_eagle3_hs.py (trust_remote_code, SGLang) on the tiny Kimi-K2.5 directory, thinking
+    conversations with an image row: the same rows (ids, masks from the tiktoken tokenizer) as the same
+    preset with the transformers backend, states within the parity tolerance. NOT RUN YET (written in a
+    session without a GPU)."""
+    from hs_dataset.cli import load_preset
+    from hs_dataset.dataset_builder import HiddenStatesConfig
+    from hs_dataset.reader import iter_torch, open_dataset
+    from hs_dataset.shard_writer import build
+    from tests.buildtools import IMAGE_ROW, THINKING_ROWS, write_thinking_source
+
+    preset = Path(__file__).resolve().parent.parent / "builder_scripts" / "kimi_eagle3_hs.py"
+    src = write_thinking_source(tmp_path / "thinking.jsonl")
+    sets = [f"model={models['kimi']}", f"source={src}", "layers=[0,2,3]", "max_length=512", "part_size=2"]
+    sg = load_preset(str(preset), sets + [
+        "backend_options=" + json.dumps({"tp_size": 1, "max_inflight": 32, "ring_bytes": RING, "engine_args": ENGINE_ARGS})])
+    hf = load_preset(str(preset), sets + ["backend=transformers", 'backend_options={"device": "cuda"}'])
+    assert sg["trust_remote_code"] is True and sg["backend"] == "sglang"
+    t = time.time()
+    a = build(HiddenStatesConfig(**sg), tmp_path / "sglang", progress=False)
+    _report["kimi_preset"] = {"written": a.counts.written, "rejected": a.counts.rejected,
+                              "tokens": a.counts.tokens_written, "seconds": round(time.time() - t, 1)}
+    _dump()
+    b = build(HiddenStatesConfig(**hf), tmp_path / "transformers", progress=False)
+    assert a.counts.written == b.counts.written == len(THINKING_ROWS) - 1 and a.counts.rejected == 1
+    meta = json.loads((tmp_path / "sglang" / "hs_dataset.json").read_text())
+    assert meta["tokenizer"]["class"] == "TikTokenTokenizer" and meta["tokenizer"]["trust_remote_code"] is True
+    rejects = (tmp_path / "sglang" / "rejects.jsonl").read_text()
+    assert f"thinking:{IMAGE_ROW}" in rejects and "image inputs are not supported yet" in rejects
+    for x, y in zip(iter_torch(open_dataset(tmp_path / "sglang")), iter_torch(open_dataset(tmp_path / "transformers"))):
+        assert x["id"] == y["id"] and torch.equal(x["input_ids"], y["input_ids"])
+        assert torch.equal(x["loss_mask"], y["loss_mask"])
+        for c in ("hidden_layer_0", "hidden_layer_2", "hidden_layer_3", "hidden_final"):
+            st = compare(x[c], y[c])
+            assert st["mean_cos"] >= 0.999 and st["rel_err"] <= 0.02, (x["id"], c, st)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 needs 2 GPUs (device kind nvidia-h200-x2)")
@@ -133,7 +171,8 @@ def check_parity(models, arch, chunk, tp):
     layers = LAYERS[arch]
     t = time.time()
     be = SGLangBackend(models[arch], layers, chunked_prefill_size=chunk, max_inflight=64, tp_size=tp,
-                       ring_bytes=RING, engine_args=ENGINE_ARGS)
+                       ring_bytes=RING, engine_args=ENGINE_ARGS,
+                       trust_remote_code=arch == "kimi")  # Kimi's tokenizer and processor are its own code
     start_s = time.time() - t
     try:
         t = time.time()
@@ -362,4 +401,28 @@ def test_attach_mode_build_equals_the_in_process_build(models, tmp_path):
             assert st["mean_cos"] >= 0.9999, (a["id"], c, st)
             exact += int(torch.equal(a[c].view(torch.int16), b[c].view(torch.int16)))
     _report["attach"] = {"rows": len(a_rows), "states_bit_identical": exact, "states": 4 * len(a_rows)}
+    _dump()
+
+
+def test_regenerate_build_with_sglang(models, tmp_path):
+    """responses=regenerate on the tiny DeepSeek-V3: replies generated on the capture engine (passes not
+    captured), then captured; the build loads with load_dataset and every row carries its conversation."""
+    import datasets
+
+    from hs_dataset.config import HiddenStatesConfig
+    from hs_dataset.shard_writer import build
+    from hs_dataset.tiny import make_tiny_tokenizer
+
+    make_tiny_tokenizer(models["dsv3"], template="deepseek")
+    src = Path(__file__).resolve().parent.parent / "builder_scripts" / "data" / "demo_conversations.jsonl"
+    cfg = HiddenStatesConfig(model=models["dsv3"], layers=(0, 1, 3), source=str(src), max_length=512, backend="sglang",
+                             part_size=16, max_samples=32, responses="regenerate",
+                             generation={"max_new_tokens": 32, "on_length": "keep", "temperature": 0.7, "seed": 1},
+                             backend_options={"max_inflight": 32, "ring_bytes": RING, "engine_args": ENGINE_ARGS})
+    s = build(cfg, tmp_path / "out", progress=False)
+    assert s.counts.written > 0 and s.counts.written + s.counts.rejected == 32
+    ds = datasets.load_dataset(str(tmp_path / "out"), split="train")
+    msgs = json.loads(ds[0]["messages"])
+    assert msgs[-1]["role"] == "assistant" and msgs[-1]["content"]
+    _report["regenerate"] = {"written": s.counts.written, "rejected": s.counts.rejected}
     _dump()

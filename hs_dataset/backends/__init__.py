@@ -21,16 +21,19 @@ ISOLATE_OPTIONS = ("isolate", "timeout", "start_timeout", "max_inflight")
 
 
 def make_backend(name: str, model: str, layers: tuple[int, ...], *, revision: str | None = None,
-                 options: dict[str, Any] | None = None) -> CaptureBackend:
+                 options: dict[str, Any] | None = None, trust_remote_code: bool = False) -> CaptureBackend:
     """Start the named backend for a local model directory.
 
     ``options`` are the backend's own keyword arguments, except ``isolate: true``, which runs the
     backend in a child process (:class:`~hs_dataset.backends.process.ProcessBackend`) so that its
     death or hang stops the build with a clear error; with it, ``timeout`` (seconds without a
     result before the child counts as hung, default 600), ``start_timeout`` (default 3600) and
-    ``max_inflight`` (default 64) tune the isolation.
+    ``max_inflight`` (default 64) tune the isolation. ``trust_remote_code`` (the build's
+    ``trust_remote_code``) becomes the backend's ``trust_remote_code`` option unless ``options`` set it.
     """
     options = dict(options or {})
+    if trust_remote_code:
+        options.setdefault("trust_remote_code", True)
     if options.pop("isolate", False):
         from .process import ProcessBackend
 

@@ -44,6 +44,8 @@ from typing import Any, Iterable, Iterator
 
 from ..compat_sglang import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
 from ..records import CaptureResult, Reject, TokenizedSample
+from ..regenerate import Generation, Prompt
+from ..redact import split_url_auth
 from ..transport import (ENV, MANIFEST, MEMORY_FS, PLUGIN_ERROR, PLUGIN_STATS, Lease, RequestError, Ring,
                          TransportError, file_system_type, private_dir, remove_stale)
 from .base import BackendError, BackendItem, ModelInfo, check_layers, read_model_info
@@ -96,7 +98,8 @@ class SGLangBackend:
     Args:
         model: local model directory. layers: see :mod:`hs_dataset.backends.base`.
         tp_size: tensor parallel size (in-process engine).
-        sglang_url: attach to a running patched server instead of starting one.
+        sglang_url: attach to a running patched server instead of starting one (``user:password@``
+            in it is sent as HTTP basic auth).
         ring_dir: in-process: where the private ring folder is made (default /dev/shm); attach:
             the folder named ``dir`` in the server's ``HS_DATASET_CAPTURE`` (required).
         ring_bytes: size of the shared-memory ring (default 4 GiB): the states in flight at once.
@@ -105,6 +108,8 @@ class SGLangBackend:
         chunked_prefill_size: passed to SGLang (None: SGLang's default).
         request_timeout: seconds without progress before the build stops with an error.
         engine_args: more ``sglang.Engine`` arguments (e.g. attention_backend, mem_fraction_static).
+        trust_remote_code: the engine's ``trust_remote_code`` (Kimi-K2.5's tokenizer and processor need
+            it), unless ``engine_args`` set it.
     """
 
     name = "sglang"
@@ -114,14 +119,16 @@ class SGLangBackend:
     def __init__(self, model: str, layers: Iterable[int], *, revision: str | None = None, tp_size: int = 1,
                  sglang_url: str | None = None, ring_dir: str | None = None, ring_bytes: int = DEFAULT_RING_BYTES,
                  max_inflight: int = 32, chunked_prefill_size: int | None = None, request_timeout: float = 600.0,
-                 prefetch: int = 4, engine_args: dict[str, Any] | None = None):
+                 prefetch: int = 4, engine_args: dict[str, Any] | None = None, trust_remote_code: bool = False):
         self.info: ModelInfo = read_model_info(model, revision)
         self.layers = check_layers(layers, self.info)
         self.max_inflight = int(max_inflight)
         self.prefetch = max(1, int(prefetch))
         self.request_timeout = float(request_timeout)
-        self.url = sglang_url.rstrip("/") if sglang_url else None
+        # user:password@ in the URL: sent as HTTP basic auth, kept out of the URL (and of any error message)
+        self.url, self._auth = split_url_auth(sglang_url.rstrip("/")) if sglang_url else (None, None)
         self.engine = None
+        self._seq = 0
         self.ring: Ring | None = None
         self._dir_lock = -1
         self._loop_thread: threading.Thread | None = None
@@ -144,7 +151,8 @@ class SGLangBackend:
             if self.url:
                 self._pool = cf.ThreadPoolExecutor(max_workers=self.max_inflight, thread_name_prefix="hs_dataset-http")
             else:
-                self._start_engine(model, tp_size, chunked_prefill_size, engine_args or {})
+                self._start_engine(model, tp_size, chunked_prefill_size,
+                                   {"trust_remote_code": bool(trust_remote_code), **(engine_args or {})})
             self._check_manifest()
             if self.ring.attached_pid:
                 self.ring.unlink()  # both sides have it mapped: from now on a crash leaves no file behind
@@ -232,14 +240,14 @@ class SGLangBackend:
         return {"sglang": self.sglang_version, "torch": torch.__version__}
 
     # -- requests ---------------------------------------------------------------------------------
-    def _submit(self, rid: str, ids: list[int]) -> cf.Future:
-        params = {"max_new_tokens": 1, "temperature": 0.0}
+    def _submit(self, rid: str, ids: list[int], params: dict | None = None) -> cf.Future:
+        params = params or {"max_new_tokens": 1, "temperature": 0.0}
         if self.url:
             body = json.dumps({"input_ids": ids, "sampling_params": params, "rid": rid}).encode()
 
             def post() -> dict:
-                req = urllib.request.Request(self.url + "/generate", data=body,
-                                             headers={"Content-Type": "application/json"})
+                req = urllib.request.Request(self.url + "/generate", data=body, headers={
+                    "Content-Type": "application/json", **({"Authorization": self._auth} if self._auth else {})})
                 with urllib.request.urlopen(req, timeout=self.request_timeout) as r:
                     return json.loads(r.read())
 
@@ -261,6 +269,36 @@ class SGLangBackend:
                 if time.monotonic() > deadline:
                     raise BackendError(f"an SGLang request made no progress for {self.request_timeout:.0f}s; "
                                        "the engine hangs. Rerun the same command to resume.") from None
+
+    def generate(self, prompts: list[Prompt]) -> list[Generation]:
+        """Regenerate replies (:mod:`hs_dataset.regenerate`) on the same engine: ordinary requests with
+        ids that are not capture ids (their passes are never captured), at most ``max_inflight`` at once,
+        seeded per prompt (``sampling_seed``)."""
+        results: list[Generation | None] = [None] * len(prompts)
+        inflight: dict[int, cf.Future] = {}
+        pending = list(enumerate(prompts))[::-1]
+        while pending or inflight:
+            while pending and len(inflight) < self.max_inflight:
+                k, p = pending.pop()
+                o = p.options
+                params = {"max_new_tokens": p.max_new_tokens, "temperature": o.temperature, "top_p": o.top_p,
+                          "top_k": o.top_k, "stop_token_ids": list(p.stop_ids), "sampling_seed": p.seed,
+                          "skip_special_tokens": False}
+                self._seq += 1
+                inflight[k] = self._submit(f"hsgen-{self.ring.token}-{self._seq}", p.ids, params)
+            k = next(iter(inflight))
+            out = self._wait(inflight.pop(k))
+            out = out[0] if isinstance(out, list) else out
+            ids = list(out.get("output_ids") or [])
+            finish = (out.get("meta_info") or {}).get("finish_reason") or {}
+            kind = finish.get("type") if isinstance(finish, dict) else None
+            if kind == "abort":
+                raise BackendError(f"SGLang aborted a generation request: {finish.get('message')}")
+            stopped = kind == "stop"
+            if stopped and ids and ids[-1] in prompts[k].stop_ids:
+                ids = ids[:-1]
+            results[k] = Generation(ids, stopped)
+        return results  # type: ignore[return-value]
 
     def capture(self, samples: Iterable[TokenizedSample], *, encoding: str = "bfloat16") -> Iterator[BackendItem]:
         """Submit samples and yield results in input order, states as views of the ring.

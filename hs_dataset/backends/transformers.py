@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 import torch
 
 from ..records import CaptureResult, Reject, TokenizedSample
+from ..regenerate import Generation, Prompt
 from .base import BackendItem, ModelInfo, check_layers, read_model_info
 
 
@@ -27,15 +28,16 @@ __all__ = ["TEXT_MODEL_WRAPPERS", "TransformersBackend", "load_language_model"]
 TEXT_MODEL_WRAPPERS = {"kimi_k25": ("DeepseekV3Config", "language_model.")}
 
 
-def load_language_model(model: str):
+def load_language_model(model: str, *, trust_remote_code: bool = False):
     """``AutoModelForCausalLM`` in bf16 from a local directory; for a multimodal wrapper (Kimi-K2.5)
-    its text model alone, from the same tensors (the vision tower's weights are left out)."""
+    its text model alone, from the same tensors (the vision tower's weights are left out).
+    ``trust_remote_code`` allows a model directory's own modeling code."""
     import transformers
     from transformers import AutoModelForCausalLM
 
     with open(os.path.join(model, "config.json")) as f:
         cfg = json.load(f)
-    kw: dict = {"dtype": torch.bfloat16}
+    kw: dict = {"dtype": torch.bfloat16, "trust_remote_code": trust_remote_code}
     wrapper = TEXT_MODEL_WRAPPERS.get(cfg.get("model_type", ""))
     if wrapper is not None:
         kw["config"] = getattr(transformers, wrapper[0])(**cfg["text_config"])
@@ -60,6 +62,7 @@ class TransformersBackend:
         device: ``"cpu"``, ``"cuda"``, ... (default: cuda when available).
         batch_tokens: padded tokens per forward pass.
         max_batch: most samples per forward pass.
+        trust_remote_code: allow the model directory's own modeling code (``auto_map``).
     """
 
     name = "transformers"
@@ -67,16 +70,16 @@ class TransformersBackend:
     encodings = ("bfloat16",)
 
     def __init__(self, model: str, layers: Iterable[int], *, revision: str | None = None,
-                 device: str | None = None, batch_tokens: int = 8192, max_batch: int = 64):
+                 device: str | None = None, batch_tokens: int = 8192, max_batch: int = 64,
+                 trust_remote_code: bool = False):
         self.info: ModelInfo = read_model_info(model, revision)
         self.layers = check_layers(layers, self.info)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.batch_tokens = int(batch_tokens)
         self.max_batch = int(max_batch)
-        lm = load_language_model(model)
+        lm = load_language_model(model, trust_remote_code=trust_remote_code)
         self._model = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
-        self._model.to(self.device).eval()
-        del lm  # the lm_head is not needed: the final state is taken before it
+        self._lm = lm.to(self.device).eval()  # the lm_head serves generate() (responses=regenerate) only
         self._caught: dict[int, torch.Tensor] = {}
         decoder_layers = self._model.layers
         self._hooks = [decoder_layers[k].register_forward_hook(self._hook(k)) for k in self.layers]
@@ -122,6 +125,25 @@ class TransformersBackend:
         self._caught.clear()
         for i, s in enumerate(batch):
             yield CaptureResult(sample=s, layers=self.layers, states=stacked[:, i, : s.num_tokens].contiguous())
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[Prompt]) -> list[Generation]:
+        """Regenerate replies (:mod:`hs_dataset.regenerate`): HF ``generate``, one prompt at a time (no
+        padding, so a reply does not depend on its batch), seeded per prompt."""
+        out = []
+        for p in prompts:
+            o = p.options
+            kw: dict = {"max_new_tokens": p.max_new_tokens, "eos_token_id": list(p.stop_ids),
+                        "pad_token_id": p.stop_ids[0], "do_sample": o.temperature > 0}
+            if o.temperature > 0:
+                kw.update(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k if o.top_k > 0 else 0)
+                torch.manual_seed(p.seed)
+            ids = torch.tensor([p.ids], dtype=torch.long, device=self.device)
+            gen = self._lm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)[0, len(p.ids):].tolist()
+            self._caught.clear()
+            finished = bool(gen) and gen[-1] in p.stop_ids
+            out.append(Generation(gen[:-1] if finished else gen, finished))
+        return out
 
     def close(self) -> None:
         for h in self._hooks:
