@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import torch_format  # noqa: F401  registers TORCH_FORMAT: a bare (spawned) worker unpickling a collator has it
 from .layout import FINAL_COLUMN, layer_of
 from .private_map import libc_madvise
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["MIN_MAP_BYTES", "HeapViews", "SafeViews", "libc_madvise"]
+__all__ = ["MIN_MAP_BYTES", "SafeViews", "libc_madvise"]
 
 MIN_MAP_BYTES = 1 << 20  # smaller values are copied: a copy of 1 MiB costs about what a mapping does
 _MADV_WILLNEED = 3
@@ -101,20 +101,7 @@ def _view(arr: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(arr)
 
 
-class HeapViews:
-    """Tensors that view Arrow memory as it is: for memory known to be writable and fresh per read."""
-
-    populate = False
-
-    def tensor(self, arr: np.ndarray) -> torch.Tensor:
-        """``arr`` (a zero-copy numpy view of Arrow memory) as a tensor."""
-        return _view(arr)
-
-    def close(self) -> None:
-        pass
-
-
-class SafeViews(HeapViews):
+class SafeViews:
     """Makes tensors over Arrow memory that can be written to without touching any file (see the module).
 
     Args:
@@ -191,6 +178,9 @@ class SafeViews(HeapViews):
         for fd in fds.values():
             if fd is not _COPY:
                 os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
     def __enter__(self) -> "SafeViews":
         return self

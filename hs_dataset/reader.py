@@ -36,17 +36,16 @@ from typing import Any, Callable, Iterable, Iterator
 import datasets
 import pyarrow as pa
 import torch
-from datasets.formatting import Formatter
 
 from .collate import DrafterCollator, empty_batch_tensor
 from .encode import fp8_decode
 from .errors import IntegrityError
 from .layout import DATA_DIR, FINAL_COLUMN, MESSAGES_COLUMN, layer_of, scale_column
-from .private_map import HeapViews, SafeViews
+from .private_map import SafeViews
+from .torch_format import TORCH_FORMAT
 from .verify import Problem
 
 READ_AHEAD_BYTES = 256 << 20  # map-style read-ahead per unit of ``prefetch``: two 117 MB Kimi rows
-TORCH_FORMAT = "hs_dataset.torch"  # ds.with_format(TORCH_FORMAT): rows as iter_torch gives them
 
 
 def _chunk_and_index(col: pa.ChunkedArray | pa.Array, i: int) -> tuple[pa.Array, int]:
@@ -59,12 +58,12 @@ def _chunk_and_index(col: pa.ChunkedArray | pa.Array, i: int) -> tuple[pa.Array,
     raise IndexError("row index out of range")
 
 
-def _as_tensor(values: pa.Array, views: HeapViews) -> torch.Tensor:
+def _as_tensor(values: pa.Array, views: SafeViews) -> torch.Tensor:
     """A torch tensor of a primitive Arrow array without nulls, made by ``views``."""
     return views.tensor(values.to_numpy(zero_copy_only=True))
 
 
-def column_bits(col: pa.ChunkedArray | pa.Array, i: int = 0, *, views: HeapViews | None = None) -> torch.Tensor:
+def column_bits(col: pa.ChunkedArray | pa.Array, i: int = 0, *, views: SafeViews | None = None) -> torch.Tensor:
     """Row ``i`` of an ``Array2D(shape=(None, H))`` column as its raw stored integer tensor ``[T, H]``.
 
     ``views`` (see :mod:`hs_dataset.private_map`): how tensors over Arrow memory are made; by default
@@ -82,14 +81,14 @@ def column_bits(col: pa.ChunkedArray | pa.Array, i: int = 0, *, views: HeapViews
     return flat.view(T, (b - a) // T if T else 0)
 
 
-def list_values(col: pa.ChunkedArray | pa.Array, i: int = 0, *, views: HeapViews | None = None) -> torch.Tensor:
+def list_values(col: pa.ChunkedArray | pa.Array, i: int = 0, *, views: SafeViews | None = None) -> torch.Tensor:
     """Row ``i`` of a ``List(Value(...))`` column as a 1-D tensor (``views``: as in :func:`column_bits`)."""
     chunk, j = _chunk_and_index(col, i)
     values = chunk.values.slice(chunk.offsets[j].as_py(), chunk.value_lengths()[j].as_py())
     return _as_tensor(values, views or SafeViews())
 
 
-def decode_state(table: pa.Table, column: str, i: int = 0, *, views: HeapViews | None = None) -> torch.Tensor:
+def decode_state(table: pa.Table, column: str, i: int = 0, *, views: SafeViews | None = None) -> torch.Tensor:
     """One hidden-state column of row ``i`` as ``torch.bfloat16 [T, H]`` (``views``: as in :func:`column_bits`).
 
     Raises:
@@ -111,7 +110,7 @@ def state_columns_of(table: pa.Table) -> list[str]:
 
 
 def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None, *,
-               views: HeapViews | None = None) -> dict[str, Any]:
+               views: SafeViews | None = None) -> dict[str, Any]:
     """Row ``i`` of an Arrow table (``ds.with_format("arrow")[k]`` or a batch) as torch tensors.
 
     Returns ``id`` (str), ``input_ids`` (int32 [T]), ``loss_mask`` (uint8 [T]), every
@@ -235,7 +234,7 @@ def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
     yield from rows
 
 
-def _decoded_rows(tables: Iterable[pa.Table], columns: list[str] | None, views: HeapViews) -> Iterator[dict[str, Any]]:
+def _decoded_rows(tables: Iterable[pa.Table], columns: list[str] | None, views: SafeViews) -> Iterator[dict[str, Any]]:
     try:
         for table in tables:
             for i in range(table.num_rows):
@@ -313,43 +312,6 @@ def _read_ahead(items: Iterable[Any], depth: int, cost: Callable[[Any], int] | N
         with cond:
             cond.notify_all()
         thread.join()  # a thread still inside pyarrow's reader at interpreter exit aborts the process
-
-
-class _TorchFormatter(Formatter):
-    """``datasets`` formatter of :data:`TORCH_FORMAT`: rows as :func:`decode_row` gives them, plus the
-    other plain columns (``num_tokens``) as Python values; batches as dicts of per-row lists."""
-
-    def format_row(self, pa_table: pa.Table) -> dict[str, Any]:
-        with SafeViews() as views:
-            return self._row(pa_table, 0, views)
-
-    def format_batch(self, pa_table: pa.Table) -> dict[str, list[Any]]:
-        with SafeViews() as views:
-            rows = [self._row(pa_table, i, views) for i in range(pa_table.num_rows)]
-        return {c: [r[c] for r in rows] for c in (rows[0] if rows else pa_table.column_names)}
-
-    def format_column(self, pa_table: pa.Table) -> list[Any]:
-        return self.format_batch(pa_table)[pa_table.column_names[0]]
-
-    @staticmethod
-    def _row(table: pa.Table, i: int, views: SafeViews) -> dict[str, Any]:
-        out = decode_row(table, i, views=views)
-        states = set(state_columns_of(table))
-        for c in table.column_names:
-            if c not in out and c not in states and not any(c == scale_column(s) for s in states):
-                out[c] = table.column(c)[i].as_py()
-        return out
-
-
-def _register_torch_format() -> None:
-    from datasets import formatting
-
-    register = getattr(formatting, "_register_formatter", None)
-    if register is not None and TORCH_FORMAT not in getattr(formatting, "_FORMAT_TYPES", {}):
-        register(_TorchFormatter, TORCH_FORMAT)
-
-
-_register_torch_format()
 
 
 __all__ = ["READ_AHEAD_BYTES", "TORCH_FORMAT", "DrafterCollator", "column_bits", "decode_row", "decode_state",

@@ -108,31 +108,35 @@ def _ids_and_batch(rows: list[dict]) -> tuple[list[str], dict[str, torch.Tensor]
     return [r["id"] for r in rows], DrafterCollator()(rows)
 
 
-def _check_loader(loader: DataLoader, ref: dict[str, dict]) -> None:
-    seen = []
-    for ids, batch in loader:
-        assert batch["aux_hidden_states"].is_shared()  # made in the worker's shared memory: handed over, not copied
-        for b, i in enumerate(ids):
-            row, n = ref[i], len(ref[i]["input_ids"])
-            assert torch.equal(batch["hidden_states"][b, :n], row["hidden_final"])
-            assert torch.equal(batch["aux_hidden_states"][b, :n, :1024], row["hidden_layer_1"])
-            assert torch.equal(batch["input_ids"][b, :n], row["input_ids"].long())
-        seen += ids
-    assert sorted(seen) == sorted(ref)
+def _check_batch(batch: dict[str, torch.Tensor], rows: list[dict]) -> None:
+    assert batch["aux_hidden_states"].is_shared()  # made in the worker's shared memory: handed over, not copied
+    for b, row in enumerate(rows):
+        n = len(row["input_ids"])
+        first = min((c for c in row if c.startswith("hidden_layer_")), key=lambda c: int(c.rsplit("_", 1)[1]))
+        assert torch.equal(batch["hidden_states"][b, :n], row["hidden_final"])
+        assert torch.equal(batch["aux_hidden_states"][b, :n, :row[first].shape[1]], row[first])
+        assert torch.equal(batch["input_ids"][b, :n], row["input_ids"].long())
 
 
 def test_dataloader_workers_over_open_dataset_and_streaming(large):
     path = large["bfloat16"]
     ds = open_dataset(path).with_format(TORCH_FORMAT)
-    ref = {r["id"]: r for r in iter_torch(ds)}
+    ref = list(iter_torch(ds))
     data = sum(p.stat().st_size for p in (path / "data").glob("*.arrow"))
     assert len(pickle.dumps(ds)) < min(64 << 10, data // 100)  # the workers get the shard paths, not the table
-    # spawn: each worker starts bare, re-maps the shards and finds TORCH_FORMAT registered by the collator's import
-    _check_loader(DataLoader(ds, batch_size=2, num_workers=2, collate_fn=_ids_and_batch,
-                             multiprocessing_context="spawn"), ref)
+    # spawn: each worker starts bare, maps the shards itself and has TORCH_FORMAT from unpickling the collator
+    loader = DataLoader(ds, batch_size=2, num_workers=2, collate_fn=DrafterCollator(), multiprocessing_context="spawn")
+    batches = list(loader)
+    assert len(batches) == 3
+    for k, batch in enumerate(batches):
+        _check_batch(batch, ref[2 * k:2 * k + 2])
     stream = datasets.load_dataset(str(path), split="train", streaming=True).with_format(TORCH_FORMAT)
     assert stream.num_shards >= 2  # datasets gives each worker its own shard files
-    _check_loader(DataLoader(stream, batch_size=2, num_workers=2, collate_fn=_ids_and_batch), ref)
+    by_id, seen = {r["id"]: r for r in ref}, []
+    for ids, batch in DataLoader(stream, batch_size=2, num_workers=2, collate_fn=_ids_and_batch):
+        _check_batch(batch, [by_id[i] for i in ids])
+        seen += ids
+    assert sorted(seen) == sorted(by_id)
 
 
 def test_torch_format_gives_bf16_tensors_where_with_format_torch_gives_int64(demo):
