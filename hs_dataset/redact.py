@@ -4,11 +4,11 @@ What is redacted (replaced by ``***``), wherever it appears in ``hs_dataset.json
 recorded build command:
 
 * the value of every key that names a credential, at any depth of any options dict: a key whose
-  words (split at ``_``, ``-``, ``.`` and camelCase) include ``token``, ``key``, ``apikey``,
-  ``secret``, ``password``/``passwd``/``pwd``/``passphrase``, ``auth``/``oauth``/``authorization``,
-  ``bearer``, ``cookie(s)`` or ``credential(s)``, or a word ending in ``token``/``secret``/``password``
-  (``hf_token``, ``api_key``, ``engine_args.admin_api_key``, ``accessToken``; not ``batch_tokens``,
-  ``max_new_tokens`` or ``tokenizer``). Every string under such a key is redacted; numbers,
+  words (split at ``_``, ``-``, ``.`` and camelCase) include ``apikey``, ``secret``, ``password``,
+  ``passwd``, ``pwd``, ``passphrase``, ``auth``, ``oauth``, ``authorization``, ``bearer``,
+  ``cookie(s)`` or ``credential(s)``, or whose last word is ``token`` or ``key`` or ends in
+  ``token``/``secret``/``password`` (``hf_token``, ``api_key``, ``engine_args.admin_api_key``,
+  ``accessToken``; not ``batch_tokens``, ``max_new_tokens``, ``token_offsets`` or ``tokenizer``). Every string under such a key is redacted; numbers,
   booleans and null are kept;
 * the user-info of a URL (``http://user:password@host`` -> ``http://***@host``) and URL query
   values with such names (``?api_key=...``), in any string;
@@ -38,8 +38,11 @@ __all__ = ["REDACTED", "check_uploads", "find_secret", "is_secret_key", "load_re
 
 REDACTED = "***"
 MIN_SCAN_LEN = 6  # shorter redacted values are redacted but not scanned for (they match everywhere)
-_WORDS = {"token", "key", "apikey", "secret", "password", "passwd", "pwd", "passphrase", "auth", "oauth",
+_WORDS = {"apikey", "secret", "password", "passwd", "pwd", "passphrase", "auth", "oauth",
           "authorization", "bearer", "cookie", "cookies", "credential", "credentials"}
+# "token" and "key" name a credential only as the key's last word (api_key, hf_token), never as a qualifier
+# (token_offsets, key_file) or in plural (max_new_tokens, tokens_written).
+_LAST_WORDS = {"token", "key"}
 _SUFFIXES = ("token", "secret", "password", "apikey")
 _WORD_RE = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 _URL_USER = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/\s:@?#'\"]*)(?::([^/\s@?#'\"]*))?@")
@@ -53,7 +56,9 @@ Found = list[tuple[str, str]]  # (where, value)
 def is_secret_key(key: str) -> bool:
     """Whether an option or argument name names a credential (see the module docstring)."""
     words = [w.lower() for w in _WORD_RE.findall(key)]
-    return any(w in _WORDS or w.endswith(_SUFFIXES) for w in words)
+    if not words:
+        return False
+    return any(w in _WORDS for w in words) or words[-1] in _LAST_WORDS or words[-1].endswith(_SUFFIXES)
 
 
 def redact_text(text: str, where: str = "text") -> tuple[str, Found]:

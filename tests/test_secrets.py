@@ -36,9 +36,9 @@ import json, logging, sys
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
 import hs_dataset.shard_writer as W
 real = W.make_backend
-def make_backend(name, model, layers, *, revision=None, options=None):
+def make_backend(name, model, layers, *, revision=None, options=None, **kw):
     options = {k: v for k, v in (options or {}).items() if k not in ("api_key", "engine_args", "sglang_url")}
-    return real(name, model, layers, revision=revision, options=options)
+    return real(name, model, layers, revision=revision, options=options, **kw)
 W.make_backend = make_backend
 from hs_dataset import cli
 sys.argv = ["hs-dataset", *json.load(open(sys.argv[1]))]
@@ -120,7 +120,7 @@ def test_what_counts_as_a_credential():
     for key in ("api_key", "apiKey", "HF_TOKEN", "hf-token", "admin_api_key", "accessToken", "client_secret",
                 "password", "db_passwd", "Authorization", "cookie", "credentials", "session_key"):
         assert is_secret_key(key), key
-    for key in ("batch_tokens", "max_new_tokens", "tokenizer", "tp_size", "author", "monkey", "ssl_keyfile",
+    for key in ("batch_tokens", "max_new_tokens", "token_offsets", "tokenizer", "tp_size", "author", "monkey", "ssl_keyfile",
                 "keep_alive", "chunked_prefill_size"):
         assert not is_secret_key(key), key
     clean, found = redact({"a": [{"token": ["x1", {"deep": "x2"}], "n": 3}], "u": "https://x:y@h/p?api_key=z&q=1",
