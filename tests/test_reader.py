@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import re
 import subprocess
@@ -188,9 +189,10 @@ def test_readme_load_for_training_snippet_runs_verbatim_on_the_demo_build(demo):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def test_drafter_training_example_loss_falls(demo):
+def test_drafter_training_example_loss_falls(demo, tmp_path):
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf-cache")}  # datasets caches a folder by its name
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_drafter.py"), str(demo), "--steps", "40"],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert len(steps) == 40
