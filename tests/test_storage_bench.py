@@ -34,7 +34,9 @@ def test_storage_benchmark_quick(tmp_path):
 
 # --- the read-path pieces the benchmark measures -------------------------------------------------
 
-def _small_build(tmp_path: Path, samples: int = 6, tokens: int = 32, hidden: int = 64) -> Path:
+def _small_build(tmp_path: Path, samples: int = 6, tokens: int = 32, hidden: int = 64, name: str = "ds",
+                 **overrides) -> Path:
+    """A build of random states (benchmarks/storage.py's backend) in ``tmp_path/name``; ``overrides``: config fields."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import storage
@@ -47,8 +49,9 @@ def _small_build(tmp_path: Path, samples: int = 6, tokens: int = 32, hidden: int
     model = storage.make_model_dir(tmp_path / "model", hidden)
     source = storage.make_source(tmp_path / "src.jsonl", samples, tokens)
     layers = shape.layers()
-    out = tmp_path / "ds"
-    build(HiddenStatesConfig(model=str(model), layers=layers, source=str(source), max_length=tokens, part_size=4),
+    out = tmp_path / name
+    build(HiddenStatesConfig(model=str(model), layers=layers, source=str(source), max_length=tokens,
+                             **{"part_size": 4, **overrides}),
           out, backend=storage.PrecomputedBackend(model, layers, storage.make_states(shape)), progress=False)
     return out
 
@@ -84,8 +87,18 @@ def test_read_ahead_stops_with_the_consumer_and_raises_its_errors():
     for i, _ in enumerate(_read_ahead(iter(range(1000)), 2)):
         if i == 3:
             break
-    time.sleep(0.5)
-    assert threading.active_count() == before
+    assert threading.active_count() == before  # joined: no thread left inside a reader at interpreter exit
+    produced = []  # with a cost, the items waiting add up to at most the depth: 2 of cost 4 for 10
+
+    def counted():
+        for k in range(12):
+            produced.append(k)
+            yield k
+
+    for k in _read_ahead(counted(), 10, cost=lambda x: 4):
+        time.sleep(0.02)
+        assert len(produced) <= k + 4, (k, len(produced))  # this one + 2 waiting + 1 blocked in the producer
+    assert list(_read_ahead(iter([7]), 10, cost=lambda x: 20)) == [7]  # one always fits
 
     def failing():
         yield 1
