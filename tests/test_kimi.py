@@ -310,12 +310,11 @@ def run_preset(out: Path, model: Path, source: Path, *extra: str) -> subprocess.
 
 def test_kimi_preset_end_to_end_on_a_tiny_kimi_k25(kimi_model: Path, tmp_path: Path) -> None:
     source = write_thinking_source(tmp_path / "thinking.jsonl")
-    # Without trust_remote_code: the build stops on a one-line ConfigError naming the option, nothing built.
-    # (The CLI prints the traceback until issue 15's one-line printing; the message is its last line.)
+    # Without trust_remote_code: the build stops on a one-line error naming the option (exit 2), nothing built.
     r = run_preset(tmp_path / "refused", kimi_model, source, "trust_remote_code=false")
-    assert r.returncode != 0
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     last = [line for line in r.stderr.splitlines() if line.strip()][-1]
-    assert "ConfigError" in last and "--set trust_remote_code=true" in last, r.stderr[-3000:]
+    assert last.startswith("hs-dataset build: error: ") and "--set trust_remote_code=true" in last, r.stderr[-3000:]
     assert not (tmp_path / "refused" / "hs_dataset.json").exists()
 
     out = tmp_path / "kimi-hs"
