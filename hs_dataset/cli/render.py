@@ -11,15 +11,10 @@ __all__ = ["histogram", "print_rejects", "size", "table"]
 
 
 def size(n: float | None) -> str:
-    """``5.1 MiB``: bytes in binary units (``n/a`` for None)."""
-    if n is None:
-        return "n/a"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return str(n)
+    """``5.10 MiB``: bytes in binary units (``n/a`` for None)."""
+    from ..card import human_bytes
+
+    return "n/a" if n is None else human_bytes(n).split(" (")[0]
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]], indent: str = "  ") -> list[str]:
