@@ -350,6 +350,34 @@ def test_progress_in_a_log_is_plain_lines_and_no_progress_is_silent(built, tiny_
     assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
 
 
+def test_a_terminal_gets_one_bar_and_no_loading_bars(tiny_model, tmp_path):
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()  # stderr is a terminal: the tqdm bar
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a terminal's width (a bare pty has 0)
+    proc = subprocess.Popen([sys.executable, "-m", "hs_dataset.cli", "build", *demo(tiny_model, "--max-samples", "8"),
+                             "-o", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 1 << 16)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=300) == 0
+    err = b"".join(chunks).decode(errors="replace")
+    pieces = [p.strip() for p in re.split(r"[\r\n]+", err) if p.strip() and not set(p.strip()) <= {"\x1b[A"}]
+    assert pieces and all(p.startswith("hs-dataset build:") for p in pieces), pieces  # one bar, nothing else
+    assert "8/8" in pieces[-1]
+
+
 # ------------------------------------------------------------------ 8. the demo's model
 def test_the_demo_makes_its_model_only_in_its_own_cache(tmp_path):
     env = dict(os.environ, HS_DATASET_CACHE=str(tmp_path / "cache"))
