@@ -9,9 +9,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("HS_DATASET_CACHE", Path.home() / ".cache" / "hs_dataset"))
+DEMO_MODEL = CACHE / "tiny-demo-llama"
 
 CONFIG = {
-    "model": str(CACHE / "tiny-demo-llama"),
+    "model": str(DEMO_MODEL),
     "layers": [0, 1, 2],  # outputs of decoder layers 0-2 (of 4) + the final post-norm state
     "max_length": 512,
     "source": str(HERE / "data" / "demo_conversations.jsonl"),
@@ -23,7 +24,9 @@ CONFIG = {
 
 
 def prepare(config: dict) -> None:
-    """Create the tiny model + tokenizer on first use (no download)."""
+    """Create the demo's tiny model + tokenizer on first use (no download), in its own cache folder only:
+    any other ``--set model=`` path is used as it is (a missing one is the usual clear error)."""
     from hs_dataset.tiny import make_tiny_model_dir
 
-    make_tiny_model_dir(config["model"], template="chatml", seed=0)
+    if Path(config["model"]).resolve() == DEMO_MODEL.resolve():
+        make_tiny_model_dir(config["model"], template="chatml", seed=0)

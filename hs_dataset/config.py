@@ -13,8 +13,13 @@ between runs without changing a row already written.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import json
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import datasets
 
@@ -23,7 +28,8 @@ from .layout import (BACKENDS, FILE_FORMATS, MASK_MODES, NONFINITE_POLICIES, RES
                      STORAGE_DTYPES, TRUNCATION_MODES, FileFormat, MaskMode, NonfinitePolicy, ResponsesMode,
                      SampleIdMode, StorageDtype, TruncationMode)
 
-__all__ = ["CHOICES", "CONTENT_FIELDS", "HiddenStatesConfig", "config_fields"]
+__all__ = ["CHOICES", "CONTENT_FIELDS", "HiddenStatesConfig", "coerce_field", "config_fields", "describe_type",
+           "did_you_mean", "field_types"]
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - the metadata key argparse users expect
@@ -66,7 +72,8 @@ class HiddenStatesConfig(datasets.BuilderConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        self.layers = tuple(int(k) for k in self.layers)
+        for f in config_fields():  # each value as its field's type (``--set`` text included), else a ConfigError
+            setattr(self, f.name, coerce_field(f.name, getattr(self, f.name)))
         if not self.model:
             raise ConfigError("config needs model: a local model directory (--set model=/path/to/model)")
         if not self.source:
@@ -77,8 +84,11 @@ class HiddenStatesConfig(datasets.BuilderConfig):
         if not isinstance(self.trust_remote_code, bool):
             raise ConfigError(f"trust_remote_code={self.trust_remote_code!r}: use true or false "
                               "(--set trust_remote_code=true)")
-        if self.max_length < 1 or self.part_size < 1:
-            raise ConfigError("max_length and part_size must be >= 1")
+        for name in ("max_length", "part_size", "writer_batch_bytes", "max_shard_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1 (--set {name}=...)")
+        if self.max_samples is not None and self.max_samples < 0:
+            raise ConfigError(f"max_samples={self.max_samples}: must be >= 0, or null for every source row")
         if self.responses == "regenerate":
             from .regenerate import GenerationOptions
 
@@ -114,3 +124,107 @@ CONTENT_FIELDS = ("model", "model_revision", "tokenizer", "layers", "max_length"
 def config_fields() -> list[dataclasses.Field]:
     """The public fields of :class:`HiddenStatesConfig`, in definition order (datasets' own left out)."""
     return [f for f in dataclasses.fields(HiddenStatesConfig) if "help" in f.metadata and not f.metadata.get("internal")]
+
+
+@functools.lru_cache(maxsize=None)
+def field_types() -> dict[str, Any]:
+    """The type of every public field (:func:`config_fields`), resolved: ``{"max_length": int, ...}``."""
+    hints = typing.get_type_hints(HiddenStatesConfig)
+    return {f.name: hints[f.name] for f in config_fields()}
+
+
+def _optional(t: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (t, False)."""
+    if typing.get_origin(t) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(t)) == 2:
+            return args[0], True
+    return t, False
+
+
+def describe_type(t: Any) -> str:
+    """A field type as ``build --help`` shows it: ``int``, ``int or null``, ``list of ints``, ``all|last``..."""
+    t, optional = _optional(t)
+    if typing.get_origin(t) is Literal:
+        text = "|".join(map(str, typing.get_args(t)))
+    elif typing.get_origin(t) is tuple:
+        text = "list of ints"
+    elif typing.get_origin(t) is dict or t is dict:
+        text = "JSON object"
+    else:
+        text = getattr(t, "__name__", str(t))
+    return f"{text} or null" if optional else text
+
+
+def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
+    """``" (did you mean 'max_length'?)"`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _expected(name: str, what: str, value: Any, example: str) -> ConfigError:
+    return ConfigError(f"{name}={value!r}: expected {what}, e.g. --set {name}={example}")
+
+
+def coerce_field(name: str, value: Any) -> Any:
+    """``value`` as the type of config field ``name``: a builder script's value, or ``--set`` text.
+
+    Text is accepted for every type: ``--set max_length=2048``, ``--set layers=0,1`` or ``[0,1]``,
+    ``--set trust_remote_code=true``, ``--set max_samples=null``, ``--set backend_options={"tp_size": 8}``.
+
+    Raises:
+        ConfigError: ``name`` is not a field (with the closest field's name), or the value does not
+            fit the field's type (naming the type and an example).
+    """
+    ftypes = field_types()
+    if name not in ftypes:
+        raise ConfigError(f"unknown config field {name!r}{did_you_mean(name, ftypes)}; "
+                          "`hs-dataset build --help` lists the fields")
+    t, optional = _optional(ftypes[name])
+    if optional and (value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none"))):
+        return None
+    if typing.get_origin(t) is Literal:
+        allowed = typing.get_args(t)
+        if value not in allowed:
+            raise ConfigError(f"{name}={value!r}: use one of {', '.join(allowed)}{did_you_mean(str(value), allowed)}")
+        return value
+    if t is bool:
+        text = str(value).strip().lower()
+        if isinstance(value, bool) or text in ("true", "false", "1", "0", "yes", "no"):
+            return value if isinstance(value, bool) else text in ("true", "1", "yes")
+        raise _expected(name, "true or false", value, "true")
+    if t is int:
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _expected(name, "an integer" + (" or null" if optional else ""), value, "2048")
+    if typing.get_origin(t) is tuple:  # layers: a list of ints
+        items = value
+        if isinstance(value, str):
+            text = value.strip()
+            items = json.loads(text) if text.startswith("[") and _is_json(text) else text.replace(",", " ").split()
+        if isinstance(items, int) and not isinstance(items, bool):
+            items = [items]
+        try:
+            if isinstance(items, (str, bytes)) or any(isinstance(k, (bool, float)) for k in items):
+                raise TypeError
+            return tuple(int(k) for k in items)
+        except (TypeError, ValueError):
+            raise _expected(name, "a list of integers", value, "1,29,57 (or [1,29,57])") from None
+    if typing.get_origin(t) is dict:
+        parsed = json.loads(value) if isinstance(value, str) and _is_json(value) else value
+        if not isinstance(parsed, dict):
+            raise _expected(name, "a JSON object", value, "'{\"key\": 1}' (or " + name + ".key=1)")
+        return parsed
+    if not isinstance(value, str):
+        raise _expected(name, "a string", value, "...")
+    return value
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

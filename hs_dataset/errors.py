@@ -12,9 +12,10 @@ Imports nothing: the SGLang plugin's modules use it in the scheduler process.
 from __future__ import annotations
 
 __all__ = [
-    "BackendError", "BuildLockedError", "ConfigError", "ConfigMismatchError", "HsDatasetError", "IntegrityError",
-    "InteropError", "NonFiniteError", "NotABuildError", "OutputWriteError", "PublishError", "RequestError",
-    "SampleError", "SecretLeakError", "TransportError", "VersionExistsError", "VersionNameError",
+    "BackendError", "BuildInterrupted", "BuildLockedError", "ConfigError", "ConfigMismatchError", "EmptyBuildError",
+    "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError", "NonFiniteError",
+    "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RequestError", "SampleError",
+    "SecretLeakError", "TransportError", "VersionExistsError", "VersionNameError",
 ]
 
 
@@ -39,6 +40,10 @@ class ConfigError(HsDatasetError, ValueError):
     """A build configuration (a builder script, ``--set``) is invalid: unknown field, bad value, missing file."""
 
 
+class MissingPathError(ConfigError, FileNotFoundError):
+    """A file or directory the configuration names does not exist (model, source, builder script...)."""
+
+
 class ConfigMismatchError(HsDatasetError, RuntimeError):
     """The output directory holds a build made with a different configuration."""
 
@@ -55,6 +60,24 @@ class IntegrityError(HsDatasetError, RuntimeError):
     def __init__(self, message: str, problems: list | None = None):
         super().__init__(message)
         self.problems = list(problems or [])
+
+
+class EmptyBuildError(HsDatasetError, RuntimeError):
+    """Every sample of a build was rejected: nothing to load or train on (``rejects.jsonl`` says why).
+    The build is not marked finished (no ``hs_dataset.json``)."""
+
+
+class RejectRateError(HsDatasetError, RuntimeError):
+    """A build rejected more of its samples than the allowed rate (``hs-dataset build --max-reject-rate``)."""
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a build: ``parts_done`` of ``parts_total`` parts are committed; the same command resumes."""
+
+    def __init__(self, parts_done: int, parts_total: int):
+        super().__init__(f"interrupted after {parts_done} of {parts_total} parts")
+        self.parts_done = parts_done
+        self.parts_total = parts_total
 
 
 class OutputWriteError(HsDatasetError, OSError):
@@ -109,6 +132,10 @@ class VersionNameError(PublishError, ValueError):
 
 class SecretLeakError(PublishError):
     """A file about to be uploaded holds a credential (the HF token, or a value the build redacted)."""
+
+
+class HubAccessError(PublishError):
+    """The Hub cannot be used: no token, an endpoint that cannot be reached, a token it refuses (401/403)..."""
 
 
 class InteropError(HsDatasetError, ValueError):

@@ -99,6 +99,8 @@ class VersionInfo:
     tokens: int | None
     rejected: int | None
     metadata: dict | None = None
+    bytes: int | None = None  # the shards' bytes
+    pushed_at: str | None = None  # from the version's card (ISO UTC)
 
 
 # --------------------------------------------------------------------------------------- helpers
@@ -501,7 +503,10 @@ def list_versions(repo_id: str, token: str | None = None, *, endpoint: str | Non
             except ValueError:
                 metadata = None
         counts = (metadata or {}).get("counts") or {}
+        history = parse_history(_read_remote_text(api, repo_id, README_FILE, tag.target_commit) or "")
+        pushed = [e.get("pushed_at") for e in history if e.get("version") == tag.name]
         out.append(VersionInfo(version=tag.name, commit_sha=tag.target_commit, samples=counts.get("written"),
                                tokens=counts.get("tokens_written"), rejected=counts.get("rejected"),
-                               metadata=metadata))
+                               metadata=metadata, bytes=(metadata or {}).get("bytes"),
+                               pushed_at=pushed[-1] if pushed else None))
     return out

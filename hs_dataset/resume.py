@@ -28,8 +28,8 @@ from .errors import BuildLockedError, ConfigMismatchError, OutputWriteError
 from .layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
 from .redact import redact_text
 
-__all__ = ["RESUMABLE_CHANGES", "atomic_write", "check_resume", "damaged_parts", "fsync_dir", "fsync_file",
-           "invalidate_finished", "lock_output", "output_error", "part_files", "part_record", "recover"]
+__all__ = ["RESUMABLE_CHANGES", "atomic_write", "check_resume", "check_shrink", "damaged_parts", "fsync_dir",
+           "fsync_file", "invalidate_finished", "lock_output", "output_error", "part_files", "part_record", "recover"]
 
 logger = logging.getLogger(__name__)
 
@@ -263,3 +263,19 @@ def check_resume(state: Path, key: dict[str, Any]) -> None:
         raise ConfigMismatchError(
             f"{state.parent} holds a build made with another configuration ({details}). Refusing to mix "
             "rows: use a new --output directory, or delete this one to start over.")
+
+
+def check_shrink(out: Path, state: Path, rows: int, allow: bool) -> None:
+    """Refuse a build of ``rows`` source rows where the directory holds rows beyond them (``max_samples``
+    lowered): :func:`recover` would delete those parts. ``allow`` lets it (the rows beyond go).
+
+    Raises:
+        ConfigMismatchError: a part record ends after ``rows`` and ``allow`` is False.
+    """
+    if allow:
+        return
+    ends = [int(r["stop"]) for r in map(_read_record, sorted((state / "parts").glob("part-*.json"))) if r is not None]
+    if ends and max(ends) > rows:
+        raise ConfigMismatchError(
+            f"{out} holds {max(ends)} source rows, this build {rows} (max_samples lowered?): refusing to delete the "
+            f"rows beyond {rows}. Raise max_samples back, use a new --output, or pass --allow-shrink to delete them.")

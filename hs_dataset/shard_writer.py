@@ -48,12 +48,13 @@ from .card import render_readme
 from .checksums import shard_entry
 from .config import HiddenStatesConfig
 from .dataset_builder import CaptureStream, HiddenStatesBuilder
-from .errors import BuildLockedError, ConfigMismatchError, OutputWriteError
+from .errors import BuildInterrupted, BuildLockedError, ConfigMismatchError, EmptyBuildError, OutputWriteError
 from .layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, STATE_DIR, shard_name, state_columns
+from .progress import BuildProgress
 from .records import Counts
 from .redact import record_redacted, redact, redact_command
-from .resume import (atomic_write, check_resume, fsync_dir, fsync_file, invalidate_finished, lock_output,
-                     output_error, part_files, part_record, recover)
+from .resume import (atomic_write, check_resume, check_shrink, fsync_dir, fsync_file, invalidate_finished,
+                     lock_output, output_error, part_files, part_record, recover)
 from .sources import count_rows, source_fingerprint
 
 __all__ = ["BuildLockedError", "BuildSummary", "ConfigMismatchError", "OutputWriteError", "build"]
@@ -71,36 +72,16 @@ class BuildSummary:
     seconds: float
 
 
-
-
-class _Progress:
-    """Samples, tokens/s, bytes written and ETA on one line."""
-
-    def __init__(self, total: int, done: int, enabled: bool):
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=total, initial=done, unit="sample", disable=not enabled, dynamic_ncols=True,
-                        desc="hs-dataset build")
-        self.t0 = time.time()
-        self.tokens = 0
-        self.bytes = 0
-
-    def row(self, tokens: int, nbytes: int) -> None:
-        self.tokens += tokens
-        self.bytes += nbytes
-        dt = max(time.time() - self.t0, 1e-9)
-        self.bar.set_postfix_str(f"{self.tokens / dt:,.0f} tok/s, {self.bytes / 2**30:.2f} GiB written", refresh=False)
-        self.bar.update(1)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
 def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend: CaptureBackend | None = None,
-          progress: bool = True, build_command: str | None = None) -> BuildSummary:
+          progress: bool = True, build_command: str | None = None, allow_shrink: bool = False) -> BuildSummary:
     """Build (or resume building) the dataset of ``config`` into ``output_dir``.
 
-    Raises :class:`ConfigMismatchError` (the directory holds another configuration's build),
+    ``allow_shrink``: a ``max_samples`` below the rows the directory holds deletes the rows beyond it
+    (refused otherwise, with :class:`ConfigMismatchError`).
+
+    Raises :class:`ConfigMismatchError` (the directory holds another configuration's build, or more
+    rows than ``max_samples``), :class:`EmptyBuildError` (every sample was rejected),
+    :class:`BuildInterrupted` (Ctrl-C, a ``KeyboardInterrupt`` saying how many parts are done),
     :class:`BuildLockedError` (another build is writing it), :class:`OutputWriteError` (disk full,
     unwritable output), :class:`~hs_dataset.backends.BackendError` (the backend died or hangs;
     :class:`~hs_dataset.dataset_builder.NonFiniteError` for NaN/Inf with ``on_nonfinite="fail"``). After
@@ -108,7 +89,7 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
     """
     out = Path(output_dir)
     try:
-        return _build(config, out, backend, progress, build_command)
+        return _build(config, out, backend, progress, build_command, allow_shrink)
     except OSError as e:
         err = output_error(e, out)
         if err is None or err is e:
@@ -117,12 +98,13 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
 
 
 def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None, progress: bool,
-           build_command: str | None) -> BuildSummary:
+           build_command: str | None, allow_shrink: bool) -> BuildSummary:
     t0 = time.time()
     state = out / STATE_DIR
     (state / "parts").mkdir(parents=True, exist_ok=True)
     (out / DATA_DIR).mkdir(exist_ok=True)
     lock = lock_output(out, state)
+    parts: list[tuple[int, int, int]] = []
     try:
         _, secrets = redact(config.to_dict())
         if build_command is not None:
@@ -140,9 +122,11 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             n = min(n, config.max_samples)
         ext = config.file_format
         parts = [(i, s, min(s + config.part_size, n)) for i, s in enumerate(range(0, n, config.part_size))]
+        check_shrink(out, state, n, allow_shrink)  # before recover, which would drop the rows beyond n
         done = recover(out, state, parts)
         todo = [p for p in parts if p[0] not in done]
-        bar = _Progress(n, sum(p[2] - p[1] for p in parts if p[0] in done), progress)
+        bar = BuildProgress(n, sum(p[2] - p[1] for p in parts if p[0] in done), progress, parts_total=len(parts),
+                            parts_done=len(done))
         own_backend = False
         built = 0
         datasets.disable_progress_bars()
@@ -164,10 +148,12 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                 if committing is not None:  # at most one part committing while the next one is captured
                     committing.result()
                     built += 1
+                    bar.part_done()
                 committing = committer.submit(_commit_part, out, state, generated, ext)
             if committing is not None:
                 committing.result()
                 built += 1
+                bar.part_done()
                 committing = None
         finally:
             if stream is not None:
@@ -182,6 +168,8 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         shutil.rmtree(state / "cache", ignore_errors=True)  # datasets' per-part lock files
         nbytes = sum(f.stat().st_size for f in (out / DATA_DIR).glob(f"*.{ext}"))
         return BuildSummary(str(out), counts, built, len(done), nbytes, time.time() - t0)
+    except KeyboardInterrupt:  # after the committer finished: the parts recorded now are kept
+        raise BuildInterrupted(sum(part_record(state, i).exists() for i, _, _ in parts), len(parts)) from None
     finally:
         os.close(lock)
 
@@ -312,6 +300,10 @@ def _finalize(config: HiddenStatesConfig, out: Path, state: Path, parts: list[tu
     counts.check()
     _check_outputs(out, files)
     atomic_write(out / REJECTS_FILE, "".join(json.dumps(r) + "\n" for r in rejects))
+    if not counts.written:  # nothing to load: not marked finished (no hs_dataset.json)
+        why = (f"all {counts.samples_in} samples were rejected ({out / REJECTS_FILE} says why)" if counts.samples_in
+               else f"the source {config.source} has no rows (max_samples: {config.max_samples})")
+        raise EmptyBuildError(f"{out}: no sample was written: {why}. Fix the source or the configuration")
     tok_path = config.tokenizer or config.model
     meta_path = out / META_FILE
     previous: dict[str, Any] = {}

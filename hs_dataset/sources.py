@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ConfigError, MissingPathError
 from .layout import utf8_safe
 from .records import SourceRow
 
@@ -73,7 +74,7 @@ def _resolve(source: str | os.PathLike[str]) -> _Spec:
         rest = text[3:]
         path, _, split = rest.partition(":")
         if not path:
-            raise ValueError(f"source {text!r}: expected 'hf:<path_or_name>[:split]'")
+            raise ConfigError(f"source {text!r}: expected 'hf:<path_or_name>[:split]'")
         name = Path(path.rstrip("/")).name or path
         return _Spec("hf", path, split or None, utf8_safe(name))
     p = Path(text)
@@ -82,7 +83,7 @@ def _resolve(source: str | os.PathLike[str]) -> _Spec:
         head, sep, split = text.rpartition(":")
         if sep and head and Path(head).is_dir():
             return _Spec("disk", head, split or None, utf8_safe(Path(head).name))
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"source {text!r} does not exist; give a .jsonl/.json/.parquet file, a directory saved "
             "with datasets' save_to_disk (optionally 'dir:split'), or 'hf:<path_or_name>[:split]'"
         )
@@ -91,7 +92,7 @@ def _resolve(source: str | os.PathLike[str]) -> _Spec:
     suffix = p.suffix.lower()
     kinds = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet"}
     if suffix not in kinds:
-        raise ValueError(
+        raise ConfigError(
             f"source {text!r}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet, "
             "or load it through 'hf:<path>'"
         )
@@ -125,12 +126,12 @@ def _pick_split(obj: Any, split: str | None, where: str) -> tuple[Any, str | Non
             elif "train" in names:
                 split = "train"
             else:
-                raise ValueError(f"{where} has splits {names}; pick one with '{where}:<split>'")
+                raise ConfigError(f"{where} has splits {names}; pick one with '{where}:<split>'")
         if split not in obj:
-            raise ValueError(f"{where} has no split {split!r}; its splits are {names}")
+            raise ConfigError(f"{where} has no split {split!r}; its splits are {names}")
         return obj[split], split
     if split is not None:
-        raise ValueError(f"{where} is a single dataset without splits; drop ':{split}'")
+        raise ConfigError(f"{where} is a single dataset without splits; drop ':{split}'")
     return obj, None
 
 
@@ -142,7 +143,7 @@ def _load_dataset(spec: _Spec) -> tuple[Any, str | None]:
         try:
             obj = datasets.load_from_disk(spec.path)
         except FileNotFoundError as e:
-            raise ValueError(
+            raise ConfigError(
                 f"directory {spec.path!r} is not a dataset saved with save_to_disk ({e}); for a "
                 "directory of data files use 'hf:<dir>'"
             ) from e
@@ -227,7 +228,7 @@ def _load_json_rows(path: str) -> list[Any]:
         with open(path, "rb") as f:
             doc = json.loads(f.read().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(
+        raise ConfigError(
             f"{path}: not a valid UTF-8 JSON file ({e}); fix the file, or use JSONL (one row per "
             "line) so that a bad row only rejects that row"
         ) from e
@@ -235,7 +236,7 @@ def _load_json_rows(path: str) -> list[Any]:
         return doc["data"]
     if isinstance(doc, list):
         return doc
-    raise ValueError(f"{path}: expected a JSON list of rows or {{\"data\": [rows]}}, got {type(doc).__name__}")
+    raise ConfigError(f"{path}: expected a JSON list of rows or {{\"data\": [rows]}}, got {type(doc).__name__}")
 
 
 def _iter_parquet(spec: _Spec, start: int, stop: int | None, sample_id: str) -> Iterator[SourceRow]:
@@ -295,9 +296,9 @@ def iter_source(
     line that cannot be decoded yields a row whose ``data`` is a :class:`BadRow`.
     """
     if sample_id not in ("row", "hash"):
-        raise ValueError(f"sample_id must be 'row' or 'hash', got {sample_id!r}")
+        raise ConfigError(f"sample_id must be 'row' or 'hash', got {sample_id!r}")
     if start < 0 or (stop is not None and stop < 0):
-        raise ValueError(f"start/stop must be >= 0, got start={start}, stop={stop}")
+        raise ConfigError(f"start/stop must be >= 0, got start={start}, stop={stop}")
     spec = _resolve(source)  # a missing or unsupported source fails here, not at the first next()
     if spec.kind == "jsonl":
         return _iter_jsonl(spec, start, stop, sample_id)
@@ -354,6 +355,6 @@ def source_fingerprint(source: str | os.PathLike[str]) -> str:
     ds, split = _load_dataset(spec)
     fp = getattr(ds, "_fingerprint", None)
     if not fp:
-        raise ValueError(f"dataset {spec.path!r} has no fingerprint; save it with save_to_disk first")
+        raise ConfigError(f"dataset {spec.path!r} has no fingerprint; save it with save_to_disk first")
     h.update(f"{split}\0{fp}\0{len(ds)}".encode("utf-8"))
     return h.hexdigest()

@@ -206,6 +206,7 @@ def make_tiny_llama(
     model on which "before" and "after" the final norm differ by more than a scale).
     """
     import torch
+    import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if hidden_size % heads or heads % kv_heads:
@@ -241,7 +242,11 @@ def make_tiny_llama(
     model = model.to(torch.bfloat16).eval()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
+    transformers.logging.disable_progress_bar()  # no "Writing model shards" bar before a build's own
+    try:
+        model.save_pretrained(str(out))
+    finally:
+        transformers.logging.enable_progress_bar()
     return model
 
 

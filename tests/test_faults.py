@@ -344,9 +344,9 @@ def test_file_size_limit_stops_cleanly_and_resumes(tiny_model, tmp_path):
 
     out = tmp_path / "out"
     r = subprocess.run(_cli(out, tiny_model), capture_output=True, text=True, timeout=300, preexec_fn=limited)
-    assert r.returncode == 1
+    assert r.returncode == 2 and "Traceback" not in r.stderr  # a user-fixable error: one line, exit 2
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("hs_dataset.errors.OutputWriteError: cannot write")
+    assert last.startswith("hs-dataset build: error: cannot write")
     assert str(out) in last and "File too large" in last and "run the same command again" in last
     assert assert_clean_stop(out) == first_fail
     s = build(_cli_config(tiny_model), out, progress=False)  # what the same command does without the limit

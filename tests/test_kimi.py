@@ -302,7 +302,8 @@ def run_preset(out: Path, model: Path, source: Path, *extra: str) -> subprocess.
     sets = [f"model={model}", f"source={source}", "backend=transformers",
             'backend_options={"device": "cpu", "batch_tokens": 4096}', "layers=[0,2,3]", "max_length=512",
             "part_size=2", *extra]
-    cmd = [sys.executable, "-m", "hs_dataset.cli", "build", str(PRESET), "--output", str(out), "--no-progress"]
+    cmd = [sys.executable, "-m", "hs_dataset.cli", "build", str(PRESET), "--output", str(out), "--no-progress",
+           "--max-reject-rate", "0.2"]  # the image row is 1 reject of 5: more than the default 0.1
     for s in sets:
         cmd += ["--set", s]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -310,17 +311,16 @@ def run_preset(out: Path, model: Path, source: Path, *extra: str) -> subprocess.
 
 def test_kimi_preset_end_to_end_on_a_tiny_kimi_k25(kimi_model: Path, tmp_path: Path) -> None:
     source = write_thinking_source(tmp_path / "thinking.jsonl")
-    # Without trust_remote_code: the build stops on a one-line ConfigError naming the option, nothing built.
-    # (The CLI prints the traceback until issue 15's one-line printing; the message is its last line.)
+    # Without trust_remote_code: the build stops on a one-line error naming the option (exit 2), nothing built.
     r = run_preset(tmp_path / "refused", kimi_model, source, "trust_remote_code=false")
-    assert r.returncode != 0
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     last = [line for line in r.stderr.splitlines() if line.strip()][-1]
-    assert "ConfigError" in last and "--set trust_remote_code=true" in last, r.stderr[-3000:]
+    assert last.startswith("hs-dataset build: error: ") and "--set trust_remote_code=true" in last, r.stderr[-3000:]
     assert not (tmp_path / "refused" / "hs_dataset.json").exists()
 
     out = tmp_path / "kimi-hs"
     r = run_preset(out, kimi_model, source)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0 and "image inputs are not supported yet" in r.stdout, r.stderr[-3000:]  # the breakdown
     meta = json.loads((out / "hs_dataset.json").read_text())
     assert meta["config"]["trust_remote_code"] is True
     assert {k: meta["tokenizer"][k] for k in ("class", "trust_remote_code", "token_offsets")} == {

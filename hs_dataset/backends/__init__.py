@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ConfigError
 from .base import LAYER_CONVENTION, BackendError, CaptureBackend, ModelInfo, check_layers, read_model_info
 
 __all__ = [
@@ -30,10 +31,17 @@ def make_backend(name: str, model: str, layers: tuple[int, ...], *, revision: st
     result before the child counts as hung, default 600), ``start_timeout`` (default 3600) and
     ``max_inflight`` (default 64) tune the isolation. ``trust_remote_code`` (the build's
     ``trust_remote_code``) becomes the backend's ``trust_remote_code`` option unless ``options`` set it.
+    :func:`hs_dataset.backends.options.backend_options` lists the options.
+
+    Raises:
+        ConfigError: an unknown backend or option (naming the closest).
     """
+    from .options import check_backend_options
+
     options = dict(options or {})
     if trust_remote_code:
         options.setdefault("trust_remote_code", True)
+    check_backend_options(name, options)  # an unknown option: one line naming the closest, not a TypeError
     if options.pop("isolate", False):
         from .process import ProcessBackend
 
@@ -49,4 +57,4 @@ def make_backend(name: str, model: str, layers: tuple[int, ...], *, revision: st
         from .sglang import SGLangBackend
 
         return SGLangBackend(model, layers, revision=revision, **options)
-    raise ValueError(f"unknown backend {name!r}: use 'transformers' or 'sglang'")
+    raise ConfigError(f"unknown backend {name!r}: use --set backend=transformers or --set backend=sglang")

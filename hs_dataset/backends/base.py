@@ -26,7 +26,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Iterable, Iterator, Protocol, Union
 
-from ..errors import BackendError
+from ..errors import BackendError, ConfigError, MissingPathError
 from ..records import CaptureResult, Reject, TokenizedSample
 
 __all__ = ["LAYER_CONVENTION", "BackendError", "BackendItem", "CaptureBackend", "ModelInfo", "check_layers",
@@ -61,7 +61,7 @@ def read_model_info(path: str, revision: str | None = None) -> ModelInfo:
     """
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"no config.json in model directory {path!r}: pass a local directory with the model's "
             "config.json (download it first; hs_dataset never downloads models)"
         )
@@ -79,24 +79,24 @@ def read_model_info(path: str, revision: str | None = None) -> ModelInfo:
             vocab_size=int(text["vocab_size"]),
         )
     except KeyError as e:
-        raise ValueError(f"{cfg_path}: missing field {e.args[0]!r} needed to size the dataset") from None
+        raise ConfigError(f"{cfg_path}: missing field {e.args[0]!r} needed to size the dataset") from None
 
 
 def check_layers(layers: Iterable[int], info: ModelInfo) -> tuple[int, ...]:
     """Validate configured layer ids against the model (see the module docstring)."""
     out = tuple(int(k) for k in layers)
     if not out:
-        raise ValueError("no layers configured: set layers, e.g. --set layers=[1,15,28]")
+        raise ConfigError("no layers configured: set layers, e.g. --set layers=[1,15,28]")
     if len(set(out)) != len(out):
-        raise ValueError(f"layers {list(out)} contain duplicates")
+        raise ConfigError(f"layers {list(out)} contain duplicates: list each layer once (--set layers=...)")
     if list(out) != sorted(out):
-        raise ValueError(f"layers {list(out)} must be in increasing order")
+        raise ConfigError(f"layers {list(out)} must be in increasing order: --layers {','.join(map(str, sorted(out)))}")
     bad = [k for k in out if not 0 <= k <= info.num_layers - 1]
     if bad:
-        raise ValueError(
+        raise ConfigError(
             f"layers {bad} out of range for {info.architecture} with {info.num_layers} decoder layers: "
             f"valid ids are 0..{info.num_layers - 1} (layer k = output of decoder layer k before the final "
-            "norm; the post-norm final state is always stored as hidden_final)"
+            "norm; the post-norm final state is always stored as hidden_final): fix --layers"
         )
     return out
 

@@ -1,0 +1,99 @@
+"""``hs-dataset``: plan, build, inspect, push and list versions of hidden-state datasets.
+
+    hs-dataset plan builder_scripts/tiny_demo.py              (before GPU hours: samples, tokens, bytes, time)
+    hs-dataset build builder_scripts/tiny_demo.py --output demo_out [--set key=value ...]
+    hs-dataset inspect demo_out [--plot demo.png]
+    hs-dataset push demo_out org/name --version v1.0
+    hs-dataset versions org/name
+    hs-dataset verify demo_out [--quick]          (or: hs-dataset verify org/name --revision v1.0)
+    hs-dataset export demo_out --to specforge|speculators|modelopt out [--layers 1,29,57]
+    hs-dataset import out --from specforge|speculators|modelopt demo_back [--model DIR] [--layers 1,29,57]
+
+`hs-dataset build --help` lists every config field and backend option.
+
+Errors you can fix print one line saying what to do, and exit 2 (--debug or HS_DATASET_DEBUG=1 shows the
+traceback); Ctrl-C exits 130 (run the same command again to resume); other errors show their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from .. import __version__
+from ..errors import BuildInterrupted, HsDatasetError
+from .build import cmd_build
+from .options import common_parser, load_preset, parse_value
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_USER_ERROR", "cmd_build", "load_preset", "main", "make_parser", "parse_value"]
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cmd | head` gives for any other command
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The parser of every command (each module registers its own)."""
+    from . import build, hub, inspect, interop, plan
+
+    ap = argparse.ArgumentParser(prog="hs-dataset", description=(__doc__ or "").replace("``", ""),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"hs-dataset {__version__}")
+    ap.add_argument("--debug", action="store_true", help="show the traceback of an error (also: HS_DATASET_DEBUG=1)")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    common = common_parser()
+    for module in (plan, build, inspect, hub, interop):
+        module.register(sub, common)
+    return ap
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _debug(a: argparse.Namespace | None) -> bool:
+    return bool(getattr(a, "debug", False)) or os.environ.get("HS_DATASET_DEBUG", "") not in ("", "0")
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe (``inspect | head``): point stdout at /dev/null so the exit flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; return its exit status (2: an error the message says how to fix, 130: Ctrl-C)."""
+    a: argparse.Namespace | None = None
+    try:
+        a = make_parser().parse_args(argv)
+        status = a.fn(a)
+        sys.stdout.flush()  # here, where a closed pipe (`inspect | head`) is caught, not at exit
+        return status
+    except HsDatasetError as e:
+        if _debug(a):
+            traceback.print_exc()
+        prog = f"hs-dataset {a.cmd}" if a is not None else "hs-dataset"
+        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt as e:
+        if _debug(a):
+            traceback.print_exc()
+        if isinstance(e, BuildInterrupted) and e.parts_total:
+            print(f"\nhs-dataset: interrupted after {e.parts_done} of {e.parts_total} parts; run the same command "
+                  "again to resume", file=sys.stderr)
+        else:
+            print("\nhs-dataset: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

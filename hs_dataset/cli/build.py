@@ -1,0 +1,98 @@
+"""``hs-dataset build``: build (or resume) a dataset from a builder script; ``--dry-run`` plans it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError, EmptyBuildError, RejectRateError
+from ..layout import REJECTS_FILE
+from .options import ConfigHelp, add_config_args, add_progress_arg, command_line, make_config
+from .render import print_rejects, size
+
+__all__ = ["DEFAULT_MAX_REJECT_RATE", "cmd_build", "register"]
+
+# More than 1 in 10 rows rejected is nearly always a mistake (the source's schema, the chat template,
+# max_length with truncation=reject), not data worth publishing; README "Resume, rejects, faults" says why.
+DEFAULT_MAX_REJECT_RATE = 0.10
+
+
+def _rate(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a fraction of the samples, 0 to 1 (e.g. 0.25)")
+    return v
+
+
+def cmd_build(a: argparse.Namespace) -> int:
+    from ..shard_writer import build
+    from ..stats import read_rejects
+
+    config = make_config(a)
+    if a.dry_run:
+        from .plan import show_plan
+
+        return show_plan(config, a)
+    if a.push:
+        from ..hub_access import check_hub
+
+        if not a.version:
+            raise ConfigError("--push needs --version, e.g. --push org/name --version v1.0")
+        check_hub(need_token=True)  # before the build, not after its GPU hours
+    try:
+        s = build(config, a.output, progress=not a.no_progress, build_command=command_line(),
+                  allow_shrink=a.allow_shrink)
+    except EmptyBuildError:
+        rejects = read_rejects(a.output)
+        if rejects:
+            print_rejects(rejects, len(rejects), file=sys.stderr)
+        raise
+    c = s.counts
+    print(f"built {s.output_dir}: {c.written:,} samples written, {c.rejected:,} rejected (of {c.samples_in:,}), "
+          f"{c.tokens_written:,} tokens, {size(s.bytes_written)} in {s.seconds:.1f}s "
+          f"({s.parts_built} parts built, {s.parts_skipped} already done)")
+    if c.rejected:
+        rejects = read_rejects(a.output)
+        too_many = c.rejected > a.max_reject_rate * c.samples_in
+        print_rejects(rejects, c.samples_in, most=8 if too_many else 3, file=sys.stderr if too_many else sys.stdout)
+        if too_many:
+            raise RejectRateError(
+                f"{c.rejected} of {c.samples_in} samples rejected ({c.rejected / c.samples_in:.0%}), more than "
+                f"--max-reject-rate {a.max_reject_rate:g}: the build in {a.output} is kept (finished; "
+                f"{REJECTS_FILE} lists every reject){'; nothing was pushed' if a.push else ''}. Fix the source or "
+                f"the config (see the reasons above), or accept it: the same command with --max-reject-rate "
+                f"{min(1.0, round(c.rejected / c.samples_in + 0.005, 2)):g}")
+        print(f"every reject with its reason: {Path(a.output) / REJECTS_FILE}")
+    if a.push:
+        from .hub import push
+
+        push(a.output, a.push, a.version, force=a.force)
+    return 0
+
+
+def register(sub, common: argparse.ArgumentParser) -> None:
+    b = sub.add_parser("build", parents=[common], add_help=False,
+                       help="build (or resume) a dataset from a builder script (--help lists every config field)",
+                       description="Build (or resume: run the same command again) a dataset from a builder script.")
+    b.add_argument("-h", "--help", action=ConfigHelp, help="show this help, every config field and backend option")
+    add_config_args(b)
+    b.add_argument("--output", "-o", required=True, help="output directory (resumable)")
+    b.add_argument("--dry-run", action="store_true",
+                   help="read and tokenize the source, print the plan (samples, tokens, bytes, time); no model run "
+                        "(= hs-dataset plan)")
+    b.add_argument("--max-reject-rate", type=_rate, default=DEFAULT_MAX_REJECT_RATE, metavar="FRACTION",
+                   help=f"exit 2 with the reject breakdown when more of the samples are rejected (default "
+                        f"{DEFAULT_MAX_REJECT_RATE:g}); a build with no sample written always fails")
+    b.add_argument("--allow-shrink", action="store_true",
+                   help="with a max_samples below the rows the output already holds: delete the rows beyond it "
+                        "(refused otherwise)")
+    add_progress_arg(b)
+    b.add_argument("--push", metavar="ORG/NAME", help="push to the Hub when the build is done (the token and "
+                                                      "endpoint are checked first)")
+    b.add_argument("--version", help="version tag for --push, e.g. v1.0")
+    b.add_argument("--force", action="store_true", help="with --push: replace an existing version")
+    b.set_defaults(fn=cmd_build)

@@ -1,0 +1,120 @@
+"""``hs-dataset push``, ``versions`` and ``verify``: the Hub checked before any work, readable summaries."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from ..errors import MissingPathError
+from .options import add_progress_arg
+from .render import size, table
+
+__all__ = ["cmd_push", "cmd_verify", "cmd_versions", "push", "register"]
+
+
+def _quiet_hub(no_progress: bool) -> None:
+    """huggingface_hub's upload/download bars: off with --no-progress or without a terminal (a log)."""
+    from huggingface_hub.utils import disable_progress_bars
+
+    from ..progress import is_terminal
+
+    if no_progress or not is_terminal():
+        disable_progress_bars()
+
+
+def push(build_dir: str, repo_id: str, version: str, *, force: bool, as_json: bool = False) -> None:
+    """Check the Hub (token, endpoint) first, push, print the outcome in a few lines (or JSON)."""
+    from ..hub_access import check_hub, endpoint_of, hub_errors
+    from ..publish import push_dataset
+
+    user = check_hub(need_token=True)
+    with hub_errors(repo_id=repo_id):
+        r = push_dataset(build_dir, repo_id, version, force=force)
+    if as_json:
+        print(json.dumps(dataclasses.asdict(r), indent=1))
+        return
+    how = "force-pushed" if r.forced else "pushed"
+    print(f"{how} {build_dir} as {repo_id} {r.version} (tag at commit {r.commit_sha[:12]}) to {endpoint_of()}"
+          + (f" as {user}" if user else ""))
+    print(f"  files: {len(r.uploaded)} uploaded, {len(r.skipped)} already there, {len(r.deleted)} of an older version "
+          f"removed; {len(r.commits)} commits" + ("; resumed an interrupted push" if r.resumed else ""))
+    if r.forced and r.previous_commit:
+        print(f"  replaced commit {r.previous_commit[:12]} (recorded in the card)")
+    print(f"  main: {'now this version' if r.main_updated else 'left alone (a newer version is there)'}")
+    print(f'  load: load_dataset("{repo_id}", revision="{r.version}")')
+
+
+def cmd_push(a: argparse.Namespace) -> int:
+    _quiet_hub(a.no_progress)
+    push(a.dir, a.repo_id, a.version, force=a.force, as_json=a.format == "json")
+    return 0
+
+
+def cmd_versions(a: argparse.Namespace) -> int:
+    from ..hub_access import check_hub, hub_errors
+    from ..publish import list_versions
+
+    check_hub(need_token=False)
+    with hub_errors(repo_id=a.repo_id):
+        versions = list_versions(a.repo_id)
+    if a.format == "json":
+        print(json.dumps([{k: v for k, v in dataclasses.asdict(x).items() if k != "metadata"} for x in versions],
+                         indent=1))
+        return 0
+    if not versions:
+        print(f"{a.repo_id}: no versions yet (push one: hs-dataset push DIR {a.repo_id} --version v1.0)")
+        return 0
+    rows = [(v.version, v.commit_sha[:12], _num(v.samples), _num(v.tokens), _num(v.rejected),
+             size(v.bytes) if v.bytes is not None else "n/a", (v.pushed_at or "n/a").replace("T", " "))
+            for v in versions]
+    print(f"{a.repo_id}: {len(versions)} version{'s' * (len(versions) != 1)}")
+    for line in table(("version", "commit", "rows", "tokens", "rejected", "size", "pushed (UTC)"), rows):
+        print(line)
+    return 0
+
+
+def _num(n: int | None) -> str:
+    return "n/a" if n is None else f"{n:,}"
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    from ..hub_access import check_hub, hub_errors
+    from ..verify import verify_build, verify_repo
+
+    if a.revision is None and not Path(a.target).is_dir() and a.target.strip("/").count("/") != 1:
+        raise MissingPathError(f"{a.target}: no such build directory (and not a repo id, org/name): check the path")
+    if Path(a.target).is_dir() and a.revision is None:
+        report = verify_build(a.target, quick=a.quick)
+    else:
+        _quiet_hub(a.no_progress)
+        check_hub(need_token=False)
+        with hub_errors(repo_id=a.target):
+            report = verify_repo(a.target, revision=a.revision, quick=a.quick)
+    print(report.message())
+    return 0 if report.ok else 1
+
+
+def register(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("push", parents=[common], help="upload a built dataset to the Hub as a tagged version")
+    p.add_argument("dir")
+    p.add_argument("repo_id")
+    p.add_argument("--version", required=True, help="the version's tag, e.g. v1.0")
+    p.add_argument("--force", action="store_true", help="replace an existing version (recorded in the card)")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="the summary as text or JSON")
+    add_progress_arg(p)
+    p.set_defaults(fn=cmd_push)
+    v = sub.add_parser("versions", parents=[common], help="list the versions of a dataset repo with their counts")
+    v.add_argument("repo_id")
+    v.add_argument("--format", choices=("text", "json"), default="text", help="a table, or JSON")
+    v.set_defaults(fn=cmd_versions)
+    c = sub.add_parser("verify", parents=[common],
+                       help="check every shard of a build, or of a published version, against its recorded size, "
+                            "rows and content hash (exit 1 naming the parts to rebuild)")
+    c.add_argument("target", help="a build directory, or a dataset repo id (org/name)")
+    c.add_argument("--revision", help="with a repo id: the version to download and check (default: main)")
+    c.add_argument("--quick", action="store_true", help="size, first/last MiB and rows only (a repo: the Hub's file "
+                                                        "list and sizes, nothing downloaded)")
+    add_progress_arg(c)
+    c.set_defaults(fn=cmd_verify)

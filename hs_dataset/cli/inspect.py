@@ -1,0 +1,89 @@
+"""``hs-dataset inspect DIR``: what a build holds, with statistics of its states, lengths, loss mask,
+rejects and shard verification; ``--plot FILE.png`` draws them; ``--schema`` adds the Arrow schema."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import NotABuildError
+from ..layout import DATA_DIR, META_FILE
+from .render import histogram, print_rejects, size, table
+
+__all__ = ["cmd_inspect", "register"]
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from ..stats import build_stats, plot_stats, read_rejects
+    from ..verify import verify_build
+
+    out = Path(a.dir)
+    if not (out / META_FILE).exists():
+        if not out.exists():
+            raise NotABuildError(f"{out}: no such directory: check the path")
+        raise NotABuildError(f"{out} is not a finished hs_dataset build (no {META_FILE}): run its build command "
+                             "(again) to finish it")
+    meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
+    m, c = meta["model"], meta["counts"]
+    print(f"dataset:   {out}")
+    print(f"model:     {m['architecture']} ({m['path']}), hidden {m['hidden_size']}, {m['num_layers']} layers")
+    print(f"layers:    {meta['layers']} + final   ({meta['layer_convention']})")
+    print(f"dtype:     {meta['storage_dtype']} stored as {meta['stored_as']}")
+    print(f"samples:   {c['written']:,} written, {c['rejected']:,} rejected, {c['samples_in']:,} in; "
+          f"{c['tokens_written']:,} tokens")
+    per_token = f"; {meta['bytes'] / c['tokens_written']:,.1f} bytes/token" if c["tokens_written"] else ""
+    print(f"files:     {meta.get('files', len(meta.get('shards', [])))} shards, {size(meta['bytes'])}{per_token}")
+    print(f"backend:   {meta['backend']['name']} {meta['backend'].get('versions', {})}")
+    report = verify_build(out, quick=True)
+    print(f"verify:    {report.message()}")
+    print_rejects(read_rejects(out), c["samples_in"])
+    if report.ok and c["written"]:
+        stats = build_stats(out, sample_rows=a.sample_rows)
+        print(f"lengths:   min {stats.lengths.min():,}, median {int(np.median(stats.lengths)):,}, mean "
+              f"{stats.lengths.mean():,.0f}, max {stats.lengths.max():,} tokens (max_length {meta['max_length']})")
+        for line in histogram(stats.lengths):
+            print(line)
+        print(f"loss mask: {stats.mask_coverage:.1%} of tokens ({stats.masked_tokens:,} of {stats.tokens:,})")
+        n_tok = int(sum(stats.lengths[i] for i in stats.sampled_rows))
+        print(f"states:    {len(stats.sampled_rows)} of {stats.rows:,} rows sampled ({n_tok:,} tokens), as bf16:")
+        rows = [(s.column, f"{s.mean:.4g}", f"{s.std:.4g}", f"{s.absmax:.4g}", f"{s.nonfinite:,}",
+                 f"{float(np.mean(s.token_norms)):.4g}") for s in stats.states]
+        for line in table(("column", "mean", "std", "absmax", "non-finite", "mean token norm"), rows):
+            print(line)
+        if a.plot:
+            print(f"plot:      {plot_stats(stats, a.plot, title=str(out))}")
+    elif a.plot:
+        print("plot:      not drawn (the shards do not match the metadata: run hs-dataset verify)")
+    if a.schema:
+        _print_schema(out)
+    return 0 if report.ok else 1
+
+
+def _print_schema(out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted((out / DATA_DIR).glob("train-*"))
+    if not files:
+        return
+    if files[0].suffix == ".arrow":
+        with pa.memory_map(str(files[0])) as src:
+            schema = pa.ipc.open_stream(src).schema
+    else:
+        schema = pq.read_schema(files[0])
+    print("schema:\n" + str(schema.remove_metadata()))
+
+
+def register(sub, common: argparse.ArgumentParser) -> None:
+    i = sub.add_parser("inspect", parents=[common],
+                       help="what a build holds: counts, lengths, loss mask, state statistics, rejects, shard check")
+    i.add_argument("dir")
+    i.add_argument("--plot", metavar="FILE.png", help="draw the token-norm histogram of every state and the length "
+                                                      "histogram into a PNG (needs matplotlib)")
+    i.add_argument("--sample-rows", type=int, default=32, metavar="N",
+                   help="rows (spread over the build) read for the state statistics (default 32)")
+    i.add_argument("--schema", action="store_true", help="also print the Arrow schema of the shards")
+    i.set_defaults(fn=cmd_inspect)

@@ -1,0 +1,68 @@
+"""Text the commands print: sizes, tables, a length histogram, the reject breakdown."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["histogram", "print_rejects", "size", "table"]
+
+
+def size(n: float | None) -> str:
+    """``5.10 MiB``: bytes in binary units (``n/a`` for None)."""
+    from ..card import human_bytes
+
+    return "n/a" if n is None else human_bytes(n).split(" (")[0]
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]], indent: str = "  ") -> list[str]:
+    """Rows as aligned text columns (numbers right-aligned)."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    numeric = [all(_is_number(r[i]) for r in cells[1:]) for i in range(len(header))]
+    out = []
+    for r in cells:
+        out.append(indent + "  ".join(c.rjust(w) if num else c.ljust(w)
+                                      for c, w, num in zip(r, widths, numeric)).rstrip())
+    return out
+
+
+def _is_number(text: str) -> bool:
+    return text.replace(",", "").replace(".", "").replace("-", "").replace("%", "").isdigit()
+
+
+def histogram(values: Sequence[int] | np.ndarray, bins: int = 8, width: int = 40) -> list[str]:
+    """A text histogram of token lengths: one line per bin, ``lo-hi  ████ count``."""
+    v = np.asarray(values, dtype=np.int64)
+    if v.size == 0:
+        return ["  (no samples)"]
+    lo, hi = int(v.min()), int(v.max())
+    edges = np.unique(np.linspace(lo, hi + 1, num=min(bins, hi - lo + 1) + 1).astype(np.int64))
+    counts, _ = np.histogram(v, bins=edges)
+    top = max(int(counts.max()), 1)
+    label_w = len(f"{edges[-1] - 1:,}") * 2 + 1
+    lines = []
+    for a, b, c in zip(edges[:-1], edges[1:], counts):
+        label = f"{a:,}-{b - 1:,}".rjust(label_w)
+        lines.append(f"  {label} {'█' * max(int(round(c / top * width)), 1 if c else 0):<{width}} {c:,}")
+    return lines
+
+
+def print_rejects(rejects: list[dict], total: int, *, most: int = 8, file=None) -> None:
+    """The reject breakdown (grouped by :func:`hs_dataset.stats.group_rejects`), most common first."""
+    from ..stats import group_rejects
+
+    file = file or sys.stdout
+    groups = group_rejects(rejects)
+    if not groups:
+        print(f"rejects:   none (of {total:,} samples)", file=file)
+        return
+    share = len(rejects) / max(total, 1)
+    print(f"rejects:   {len(rejects):,} of {total:,} samples ({share:.1%}), by reason:", file=file)
+    rows = [(f"{g.count:,}", g.stage, f"{g.field}: {g.reason}"[:160], g.example[:60]) for g in groups[:most]]
+    for line in table(("count", "stage", "field: reason", "e.g. sample"), rows):
+        print(line, file=file)
+    if len(groups) > most:
+        print(f"  ... and {len(groups) - most} more kinds", file=file)

@@ -1,0 +1,148 @@
+"""A build's plan, made without running the model: ``hs-dataset plan`` (or ``build --dry-run``).
+
+:func:`plan_build` reads and tokenizes the source exactly as the build will (the same
+:func:`hs_dataset.dataset_builder.tokenized_samples`: parsing, chat template, loss mask, truncation,
+rejects), reads only the model's ``config.json``, and counts per part: samples, tokens, loss-mask
+tokens, rejects. From that follow the bytes on disk (:func:`hs_dataset.encode.bytes_per_token` for
+each storage dtype) and a time estimate at a stated prefill rate.
+
+Measured rates (:data:`MEASURED_RATES`) are one H200's, with SGLang 0.5.17, for two model shapes
+(README "GPU tests and benchmarks"); for another depth at the same width the rate is scaled by
+depth (prefill cost per token grows about linearly with the number of layers), which is an estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .backends import ModelInfo, check_layers, read_model_info
+from .backends.options import check_backend_options
+from .config import HiddenStatesConfig
+from .encode import bytes_per_token
+from .layout import STORAGE_DTYPES
+from .records import Reject
+from .sources import count_rows
+
+__all__ = ["MEASURED_RATES", "BuildPlan", "MeasuredRate", "ROW_BYTES_PER_TOKEN", "estimate_rate", "plan_build",
+           "shard_parts"]
+
+ROW_BYTES_PER_TOKEN = 5  # input_ids (int32) + loss_mask (uint8), besides the states
+
+
+@dataclass(frozen=True)
+class MeasuredRate:
+    """A measured plain-prefill rate of one GPU for one model shape."""
+
+    gpu: str
+    shape: str
+    hidden_size: int
+    num_layers: int
+    tokens_per_second: float
+
+
+MEASURED_RATES = (
+    MeasuredRate("H200", "DeepSeek-V3 architecture at Kimi-K2.5's width (hidden 7168, 6 layers, 8 experts)",
+                 7168, 6, 120_388),
+    MeasuredRate("H200", "8B-shaped Llama (hidden 4096, 32 layers)", 4096, 32, 40_939),
+)
+
+
+def estimate_rate(info: ModelInfo) -> tuple[float, MeasuredRate] | None:
+    """The measured rate of the shape with ``info``'s width, scaled to its depth; None for other widths."""
+    for r in MEASURED_RATES:
+        if r.hidden_size == info.hidden_size:
+            return r.tokens_per_second * r.num_layers / info.num_layers, r
+    return None
+
+
+def shard_parts(num_parts: int, num_shards: int) -> list[list[int]]:
+    """The parts each of ``num_shards`` workers builds.
+
+    Round-robin by part (``p % num_shards``): a placeholder for the sharded-build split of issue 17,
+    which the plan should call instead once it exists.
+    """
+    return [[p for p in range(num_parts) if p % num_shards == k] for k in range(num_shards)]
+
+
+@dataclass
+class BuildPlan:
+    """What a build of ``config`` would read, write and cost (see the module docstring)."""
+
+    config: HiddenStatesConfig
+    info: ModelInfo
+    layers: tuple[int, ...]
+    source_rows: int  # rows in the source
+    rows: int  # rows the build reads (max_samples applied)
+    lengths: list[int] = field(default_factory=list)  # tokens of each usable sample, in row order
+    masked_tokens: int = 0
+    truncated: int = 0
+    rejects: list[Reject] = field(default_factory=list)
+    part_samples: list[int] = field(default_factory=list)
+    part_tokens: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def n_states(self) -> int:
+        return len(self.layers) + 1
+
+    def bytes_per_token(self, storage_dtype: str) -> int:
+        """Bytes on disk per token (states + input_ids + loss_mask; Arrow framing not counted)."""
+        return bytes_per_token(self.n_states, self.info.hidden_size, storage_dtype) + ROW_BYTES_PER_TOKEN
+
+    def bytes_on_disk(self) -> dict[str, int]:
+        """``{storage_dtype: bytes}`` for every storage dtype."""
+        return {d: self.tokens * self.bytes_per_token(d) for d in STORAGE_DTYPES}
+
+
+class _ModelInfoOnly:
+    """What tokenizing needs of a backend: the model's sizes (no model is loaded, nothing is captured)."""
+
+    name = "plan"
+
+    def __init__(self, info: ModelInfo):
+        self.info = info
+
+
+def plan_build(config: HiddenStatesConfig) -> BuildPlan:
+    """Read and tokenize the source of ``config`` as a build would, without loading the model.
+
+    With ``responses=regenerate`` the source's own replies are tokenized instead (the model writes
+    the real ones); the plan says so in ``notes``.
+
+    Raises:
+        ConfigError: a bad layer, backend option, source, tokenizer... (what the build would refuse).
+    """
+    from .dataset_builder import tokenized_samples
+
+    info = read_model_info(config.model, config.model_revision)
+    layers = check_layers(config.layers, info)
+    check_backend_options(config.backend, dict(config.backend_options, trust_remote_code=config.trust_remote_code))
+    source_rows = count_rows(config.source)
+    rows = source_rows if config.max_samples is None else min(source_rows, config.max_samples)
+    n_parts = -(-rows // config.part_size)
+    plan = BuildPlan(config, info, layers, source_rows, rows, part_samples=[0] * n_parts, part_tokens=[0] * n_parts)
+    cfg = config
+    if config.responses == "regenerate":
+        cfg = dataclasses.replace(config, responses="source", generation={})
+        plan.notes.append("responses=regenerate: the model writes the replies; these counts tokenize the "
+                          "source's own replies instead (prompt lengths are exact, reply lengths are not)")
+    if rows == 0:
+        return plan
+
+    def reject(_index: int, r: Reject) -> None:
+        plan.rejects.append(r)
+
+    ranges = [(s, min(s + config.part_size, rows)) for s in range(0, rows, config.part_size)]
+    for index, sample in tokenized_samples(cfg, _ModelInfoOnly(info), ranges, reject):  # type: ignore[arg-type]
+        p = index // config.part_size
+        plan.lengths.append(sample.num_tokens)
+        plan.masked_tokens += int(sample.loss_mask.sum())
+        plan.truncated += bool(sample.truncated)
+        plan.part_samples[p] += 1
+        plan.part_tokens[p] += sample.num_tokens
+    return plan

@@ -1,0 +1,178 @@
+"""What a finished build holds, in numbers and one figure (``hs-dataset inspect [--plot FILE.png]``).
+
+* lengths (``num_tokens`` of every row) and loss-mask coverage (masked tokens / tokens, every row):
+  read from those columns only, so a large build costs a pass over its token columns, not its states;
+* per state column (each captured layer and the final state), over a sample of rows spread evenly
+  over the build: mean, std, absmax, non-finite values and the L2 norm of each token's state;
+* rejects grouped by reason (:func:`group_rejects`: sample-specific numbers and indices folded, so
+  that 300 "prompt is 4,123 tokens" lines are one group).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from .layout import REJECTS_FILE
+
+__all__ = ["BuildStats", "RejectGroup", "StateStats", "build_stats", "group_rejects", "plot_stats", "read_rejects"]
+
+
+@dataclass
+class RejectGroup:
+    """Rejects of one kind: ``stage``, ``field`` and ``reason`` with numbers folded to ``N``."""
+
+    stage: str
+    field: str
+    reason: str
+    count: int
+    example: str  # one sample id
+
+
+_NUMBER = re.compile(r"\d[\d,._]*")
+_INDEX = re.compile(r"\[\d+\]")
+
+
+def group_rejects(rejects: Iterable[dict[str, Any]]) -> list[RejectGroup]:
+    """Rejects (``rejects.jsonl`` rows: sample_id, field, reason, stage) grouped by kind, most first."""
+    groups: dict[tuple[str, str, str], RejectGroup] = {}
+    for r in rejects:
+        key = (str(r.get("stage", "")), _INDEX.sub("[]", str(r.get("field", ""))),
+               _NUMBER.sub("N", str(r.get("reason", ""))))
+        g = groups.get(key)
+        if g is None:
+            groups[key] = RejectGroup(*key, count=1, example=str(r.get("sample_id", "")))
+        else:
+            g.count += 1
+    return sorted(groups.values(), key=lambda g: (-g.count, g.stage, g.field, g.reason))
+
+
+def read_rejects(out: str | Path) -> list[dict[str, Any]]:
+    """The rows of a build's ``rejects.jsonl`` (none when it has no such file)."""
+    path = Path(out) / REJECTS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@dataclass
+class StateStats:
+    """One state column over the sampled rows (statistics of the finite values)."""
+
+    column: str
+    mean: float
+    std: float
+    absmax: float
+    nonfinite: int
+    values: int
+    token_norms: np.ndarray  # L2 norm of each sampled token's state (float32)
+
+
+@dataclass
+class BuildStats:
+    """See the module docstring."""
+
+    rows: int
+    lengths: np.ndarray  # num_tokens of every row
+    masked_tokens: int
+    sampled_rows: list[int]
+    states: list[StateStats] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def mask_coverage(self) -> float:
+        return self.masked_tokens / self.tokens if self.tokens else 0.0
+
+
+def _sample_rows(n: int, k: int) -> list[int]:
+    """``k`` row indices spread evenly over ``n`` rows (all of them when ``k >= n``)."""
+    if k >= n:
+        return list(range(n))
+    return sorted({int(round(i * (n - 1) / max(k - 1, 1))) for i in range(k)})
+
+
+def build_stats(out: str | Path, *, sample_rows: int = 32) -> BuildStats:
+    """Statistics of the finished build in ``out`` (see the module docstring).
+
+    Raises:
+        NotABuildError, IntegrityError: as :func:`hs_dataset.reader.open_dataset`.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import torch
+
+    from .reader import decode_row, open_dataset, state_columns_of
+
+    ds = open_dataset(out)
+    table: pa.Table = ds.data.table  # the memory-mapped shards; only the columns read are paged in
+    lengths = np.asarray(table.column("num_tokens").to_numpy(), dtype=np.int64)
+    mask = table.column("loss_mask")
+    masked = sum(int(pc.sum(chunk.flatten()).as_py() or 0) for chunk in mask.chunks)
+    picked = _sample_rows(len(ds), sample_rows)
+    arrow = ds.with_format("arrow")
+    per_column: dict[str, list[torch.Tensor]] = {}
+    for i in picked:
+        row_table: pa.Table = arrow[i]
+        for col, t in decode_row(row_table, 0, state_columns_of(row_table)).items():
+            if isinstance(t, torch.Tensor) and t.dim() == 2:
+                per_column.setdefault(col, []).append(t.float())
+    stats = BuildStats(len(ds), lengths, masked, picked)
+    for col, tensors in per_column.items():
+        x = torch.cat(tensors)
+        finite = torch.isfinite(x)
+        v = x[finite]
+        norms = torch.where(finite, x, 0).norm(dim=1).numpy().astype(np.float32)
+        stats.states.append(StateStats(col, float(v.mean()) if v.numel() else float("nan"),
+                                       float(v.std()) if v.numel() > 1 else 0.0,
+                                       float(v.abs().max()) if v.numel() else float("nan"),
+                                       int((~finite).sum()), int(x.numel()), norms))
+    return stats
+
+
+def plot_stats(stats: BuildStats, path: str | Path, title: str = "") -> Path:
+    """Draw the per-state token-norm histograms and the length histogram into the PNG ``path``.
+
+    Raises:
+        ConfigError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        from .errors import ConfigError
+
+        raise ConfigError("drawing a plot needs matplotlib: pip install matplotlib") from None
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    panels = len(stats.states) + 1
+    cols = min(panels, 3)
+    rows = -(-panels // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    flat = list(axes.flat)
+    ax = flat[0]
+    ax.hist(stats.lengths, bins=min(40, max(len(stats.lengths), 1)), color="#4c72b0")
+    ax.set_title(f"tokens per sample ({stats.rows} rows)")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("samples")
+    for ax, s in zip(flat[1:], stats.states):
+        ax.hist(s.token_norms, bins=40, color="#dd8452")
+        ax.set_title(f"{s.column}: token L2 norm")
+        ax.set_xlabel(f"norm (absmax {s.absmax:.3g}, {s.nonfinite} non-finite)")
+    for ax in flat[panels:]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(f"{title} (states: {len(stats.sampled_rows)} sampled rows)")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, format="png", dpi=90)
+    plt.close(fig)
+    return out
