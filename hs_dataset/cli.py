@@ -1,6 +1,8 @@
 """``hs-dataset``: build, inspect, push and list versions of hidden-state datasets.
 
     hs-dataset build builder_scripts/tiny_demo.py --output demo_out [--set key=value ...]
+    hs-dataset build ... --num-shards N|auto [--shard-index I]    (one worker of many; or --ray [ADDRESS])
+    hs-dataset merge demo_out [SHARD_DIR ...]                      (the shards into one build)
     hs-dataset inspect demo_out
     hs-dataset push demo_out org/name --version v1.0
     hs-dataset versions org/name
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .layout import DATA_DIR, META_FILE
+from .scaleout import add_build_args, scaleout_build, wants_scaleout
 
 
 def parse_value(text: str) -> Any:
@@ -78,13 +81,17 @@ def cmd_build(a: argparse.Namespace) -> int:
 
     config = HiddenStatesConfig(**load_preset(a.script, a.set))
     command = "hs-dataset " + " ".join(shlex.quote(x) for x in sys.argv[1:])
-    s = build(config, a.output, progress=not a.no_progress, build_command=command)
-    c = s.counts
-    print(f"built {s.output_dir}: {c.written} samples written, {c.rejected} rejected (of {c.samples_in}), "
-          f"{c.tokens_written} tokens, {s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s "
-          f"({s.parts_built} parts built, {s.parts_skipped} already done)")
-    if c.rejected:
-        print(f"rejected samples and reasons: {Path(a.output) / 'rejects.jsonl'}")
+    if wants_scaleout(a):  # --num-shards / --shard-index / --ray: hs_dataset.scaleout
+        if not scaleout_build(a, config, command):
+            return 0  # this worker's shard is built; the worker of the last shard merges (and pushes)
+    else:
+        s = build(config, a.output, progress=not a.no_progress, build_command=command)
+        c = s.counts
+        print(f"built {s.output_dir}: {c.written} samples written, {c.rejected} rejected (of {c.samples_in}), "
+              f"{c.tokens_written} tokens, {s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s "
+              f"({s.parts_built} parts built, {s.parts_skipped} already done)")
+        if c.rejected:
+            print(f"rejected samples and reasons: {Path(a.output) / 'rejects.jsonl'}")
     if a.push:
         from .publish import push_dataset
 
@@ -92,6 +99,17 @@ def cmd_build(a: argparse.Namespace) -> int:
             raise SystemExit("--push needs --version (e.g. --version v1.0)")
         r = push_dataset(a.output, a.push, a.version, force=a.force)
         print(r)
+    return 0
+
+
+def cmd_merge(a: argparse.Namespace) -> int:
+    from .errors import HsDatasetError
+    from .merge import merge_shards
+
+    try:
+        print(merge_shards(a.out, a.shards or None, full=a.full).message())
+    except HsDatasetError as e:  # a shard missing, unfinished, odd; one still being built; OUT of another build
+        raise SystemExit(f"hs-dataset merge: {e}") from None
     return 0
 
 
@@ -218,7 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--push", metavar="ORG/NAME", help="push to the Hub when the build is done")
     b.add_argument("--version", help="version tag for --push, e.g. v1.0")
     b.add_argument("--force", action="store_true", help="with --push: replace an existing version")
+    add_build_args(b)
     b.set_defaults(fn=cmd_build)
+    g = sub.add_parser("merge", help="merge the shards of a build made by many workers into one finished build")
+    g.add_argument("out", help="the output directory of the sharded build (--output of its workers)")
+    g.add_argument("shards", nargs="*", metavar="SHARD_DIR",
+                   help="shard builds to merge (default: every one in OUT/.hs_build/shards/)")
+    g.add_argument("--full", action="store_true", help="check every shard file's whole content hash (default: "
+                                                       "size, first/last MiB and rows; push checks the hashes)")
+    g.set_defaults(fn=cmd_merge)
     i = sub.add_parser("inspect", help="schema, counts, layers, dtype and sizes of a built dataset")
     i.add_argument("dir")
     i.set_defaults(fn=cmd_inspect)

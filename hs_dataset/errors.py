@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = [
     "BackendError", "BuildLockedError", "ConfigError", "ConfigMismatchError", "HsDatasetError", "IntegrityError",
     "InteropError", "NonFiniteError", "NotABuildError", "OutputWriteError", "PublishError", "RequestError",
-    "SampleError", "SecretLeakError", "TransportError", "VersionExistsError", "VersionNameError",
+    "SampleError", "SecretLeakError", "ShardError", "TransportError", "VersionExistsError", "VersionNameError",
 ]
 
 
@@ -45,6 +45,12 @@ class ConfigMismatchError(HsDatasetError, RuntimeError):
 
 class BuildLockedError(HsDatasetError, RuntimeError):
     """Another build is writing the same output directory."""
+
+
+class ShardError(HsDatasetError, RuntimeError):
+    """The shards of a build made by many workers cannot be merged (one missing, unfinished, given
+    twice, built with another configuration or plan, or holding damaged files), or a worker failed
+    for good; the message names the shard and what to do (:mod:`hs_dataset.scaleout`)."""
 
 
 class IntegrityError(HsDatasetError, RuntimeError):

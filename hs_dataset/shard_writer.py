@@ -54,6 +54,7 @@ from .records import Counts
 from .redact import record_redacted, redact, redact_command
 from .resume import (atomic_write, check_resume, fsync_dir, fsync_file, invalidate_finished, lock_output,
                      output_error, part_files, part_record, recover)
+from .scaleout import ShardSpec, begin_shard, finish_shard
 from .sources import count_rows, source_fingerprint
 
 __all__ = ["BuildLockedError", "BuildSummary", "ConfigMismatchError", "OutputWriteError", "build"]
@@ -97,8 +98,11 @@ class _Progress:
 
 
 def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend: CaptureBackend | None = None,
-          progress: bool = True, build_command: str | None = None) -> BuildSummary:
+          progress: bool = True, build_command: str | None = None, shard: ShardSpec | None = None) -> BuildSummary:
     """Build (or resume building) the dataset of ``config`` into ``output_dir``.
+
+    With ``shard``, only that shard's parts, into a shard build that :mod:`hs_dataset.merge` joins
+    with the others (use :func:`hs_dataset.scaleout.build_shard`).
 
     Raises :class:`ConfigMismatchError` (the directory holds another configuration's build),
     :class:`BuildLockedError` (another build is writing it), :class:`OutputWriteError` (disk full,
@@ -108,7 +112,7 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
     """
     out = Path(output_dir)
     try:
-        return _build(config, out, backend, progress, build_command)
+        return _build(config, out, backend, progress, build_command, shard)
     except OSError as e:
         err = output_error(e, out)
         if err is None or err is e:
@@ -117,7 +121,7 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
 
 
 def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None, progress: bool,
-           build_command: str | None) -> BuildSummary:
+           build_command: str | None, shard: ShardSpec | None) -> BuildSummary:
     t0 = time.time()
     state = out / STATE_DIR
     (state / "parts").mkdir(parents=True, exist_ok=True)
@@ -140,9 +144,11 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             n = min(n, config.max_samples)
         ext = config.file_format
         parts = [(i, s, min(s + config.part_size, n)) for i, s in enumerate(range(0, n, config.part_size))]
+        if shard is not None:  # one worker's share of the parts (hs_dataset.scaleout)
+            parts = begin_shard(state, shard, parts, n, config, info, layers, build_command)
         done = recover(out, state, parts)
         todo = [p for p in parts if p[0] not in done]
-        bar = _Progress(n, sum(p[2] - p[1] for p in parts if p[0] in done), progress)
+        bar = _Progress(sum(p[2] - p[1] for p in parts), sum(p[2] - p[1] for p in parts if p[0] in done), progress)
         own_backend = False
         built = 0
         datasets.disable_progress_bars()
@@ -177,7 +183,10 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             bar.close()
             if own_backend and backend is not None:
                 backend.close()
-        counts = _finalize(config, out, state, parts, info, layers, backend if built else None, build_command)
+        if shard is None:
+            counts = _finalize(config, out, state, parts, info, layers, backend if built else None, build_command)
+        else:
+            counts = finish_shard(state, parts)  # hs_dataset.merge finalizes the merged build
         shutil.rmtree(state / "staging", ignore_errors=True)
         shutil.rmtree(state / "cache", ignore_errors=True)  # datasets' per-part lock files
         nbytes = sum(f.stat().st_size for f in (out / DATA_DIR).glob(f"*.{ext}"))
