@@ -35,10 +35,10 @@ from .config import HiddenStatesConfig
 from .errors import ShardError
 from .layout import DATA_DIR, REDACTED_FILE, SHARD_FILE, SHARDS_DIR, STATE_DIR
 from .records import Counts
-from .redact import redact_text
+from .redact import redact_command, redact_text
 from .resume import (atomic_write, check_resume, fsync_dir, fsync_file, invalidate_finished, lock_output, part_record,
                      recover)
-from .scaleout import ShardSpec, read_shard, shard_dir, shard_parts
+from .scaleout import ShardSpec, read_shard, shard_dir, shard_parts, single_worker_command
 from .verify import check_files, mark_damaged
 
 __all__ = ["MergeSummary", "found_shards", "merge_shards"]
@@ -90,8 +90,6 @@ def merge_shards(out: str | os.PathLike, shard_dirs: list[str | os.PathLike] | N
         BuildLockedError: a shard is being built, or ``out`` is being merged or built.
         ConfigMismatchError: ``out`` holds a build of another configuration.
     """
-    from .scaleout import single_worker_command
-
     t0 = time.time()
     out = Path(out)
     dirs = [Path(d) for d in shard_dirs] if shard_dirs else found_shards(out)
@@ -119,7 +117,9 @@ def merge_shards(out: str | os.PathLike, shard_dirs: list[str | os.PathLike] | N
         (out / DATA_DIR).mkdir(exist_ok=True)
         lock = lock_output(out, state)
         try:
-            command = build_command or single_worker_command(first.get("build_command"))
+            # the shards recorded their command redacted already; one given here is redacted too
+            command = redact_command(build_command)[0] if build_command else single_worker_command(
+                first.get("build_command"))
             return _assemble(out, shards, first, records, command, t0)
         finally:
             os.close(lock)

@@ -28,7 +28,7 @@ from .config import HiddenStatesConfig
 from .errors import BackendError, ConfigError, ShardError
 from .layout import STATE_DIR
 from .merge import MergeSummary, merge_shards
-from .scaleout import ShardSpec, build_shard, count_parts, shard_dir, single_worker_command, worker_resources
+from .scaleout import ShardSpec, build_shard, count_parts, shard_dir, worker_resources
 
 __all__ = ["RayBuild", "build_with_ray"]
 
@@ -101,8 +101,7 @@ def build_with_ray(config: HiddenStatesConfig, out: str | os.PathLike, *, addres
     finally:
         if started:
             ray.shutdown()
-    merged = merge_shards(out, [shard_dir(out, ShardSpec(i, count)) for i in range(count)],
-                          build_command=single_worker_command(build_command))
+    merged = merge_shards(out, [shard_dir(out, ShardSpec(i, count)) for i in range(count)])
     return RayBuild(merged, sorted(results, key=lambda r: r["index"]))
 
 

@@ -257,12 +257,12 @@ def build_shard(config: HiddenStatesConfig, out: str | os.PathLike, spec: ShardS
     d = shard_dir(out, spec)
     d.mkdir(parents=True, exist_ok=True)
     summary = build(config, d, backend=backend, progress=progress, build_command=build_command, shard=spec)
-    return summary, merge_if_complete(out, spec.count, build_command) if merge else None
+    return summary, merge_if_complete(out, spec.count) if merge else None
 
 
-def merge_if_complete(out: str | os.PathLike, count: int, build_command: str | None = None) -> MergeSummary | None:
+def merge_if_complete(out: str | os.PathLike, count: int) -> MergeSummary | None:
     """Merge the ``count`` shards of ``out`` when every one is done (None: one is not, or another worker
-    is merging them)."""
+    is merging them). The merged build records the shards' command (redacted) without the shard flags."""
     from .errors import BuildLockedError
     from .merge import merge_shards
 
@@ -270,7 +270,7 @@ def merge_if_complete(out: str | os.PathLike, count: int, build_command: str | N
     if not all((read_shard(d) or {}).get("done") for d in dirs):
         return None
     try:
-        return merge_shards(out, dirs, build_command=single_worker_command(build_command))
+        return merge_shards(out, dirs)
     except BuildLockedError:
         return None  # another worker finished at the same time and merges
 
