@@ -8,7 +8,9 @@ The entry points, imported lazily (``import hs_dataset`` pulls in neither torch 
   read for training;
 * :func:`verify_build` / :func:`verify_repo` (:mod:`hs_dataset.verify`): check a build or a version against its checksums;
 * :func:`export_dataset` (:func:`export_specforge`), :func:`import_dataset` (:mod:`hs_dataset.interop`): move data to
-  and from SpecForge, speculators and ModelOpt.
+  and from SpecForge, speculators and ModelOpt;
+* :func:`build_shard`, :func:`shard_parts` (:mod:`hs_dataset.scaleout`), :func:`merge_shards` (:mod:`hs_dataset.merge`),
+  :func:`build_with_ray` (:mod:`hs_dataset.ray_build`): one version built by many workers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ _EXPORTS = {
     "open_dataset": "reader", "iter_torch": "reader", "decode_row": "reader", "DrafterCollator": "reader",
     "load_verified": "reader", "verify_build": "verify", "verify_repo": "verify",
     "export_specforge": "interop", "export_dataset": "interop", "import_dataset": "interop",
+    "build_shard": "scaleout", "shard_parts": "scaleout", "merge_shards": "merge", "build_with_ray": "ray_build",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -15,7 +15,7 @@ __all__ = [
     "BackendError", "BuildInterrupted", "BuildLockedError", "ConfigError", "ConfigMismatchError", "EmptyBuildError",
     "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError", "NonFiniteError",
     "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RequestError", "SampleError",
-    "SecretLeakError", "TransportError", "VersionExistsError", "VersionNameError",
+    "SecretLeakError", "ShardError", "TransportError", "VersionExistsError", "VersionNameError",
 ]
 
 
@@ -50,6 +50,12 @@ class ConfigMismatchError(HsDatasetError, RuntimeError):
 
 class BuildLockedError(HsDatasetError, RuntimeError):
     """Another build is writing the same output directory."""
+
+
+class ShardError(HsDatasetError, RuntimeError):
+    """The shards of a build made by many workers cannot be merged (one missing, unfinished, given
+    twice, built with another configuration or plan, or holding damaged files), or a worker failed
+    for good; the message names the shard and what to do (:mod:`hs_dataset.scaleout`)."""
 
 
 class IntegrityError(HsDatasetError, RuntimeError):

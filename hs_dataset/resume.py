@@ -94,11 +94,11 @@ def _read_record(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _invalid(r: dict[str, Any] | None, parts: list[tuple[int, int, int]], data: Path, damaged: dict[int, str]) -> str | None:
-    """Why a part record cannot be trusted (None: it can)."""
+def _invalid(r: dict[str, Any] | None, plan: dict[int, tuple[int, int]], data: Path, damaged: dict[int, str]) -> str | None:
+    """Why a part record cannot be trusted (None: it can). ``plan``: part -> (start, stop)."""
     if r is None:
         return "its record is unreadable"
-    if (r["start"], r["stop"]) != parts[r["part"]][1:]:
+    if (r["start"], r["stop"]) != plan[r["part"]]:
         return "its row range changed"
     if r["part"] in damaged:
         return f"a full verification found it damaged ({damaged[r['part']]})"
@@ -127,6 +127,8 @@ def damaged_parts(state: Path) -> dict[int, str]:
 def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[int]:
     """Bring the output directory back to a consistent state after any interruption.
 
+    ``parts`` (index, start, stop) are the parts this build makes: all of the source's, or a shard's
+    subset of them (:mod:`hs_dataset.scaleout`); a record of any other part is dropped.
     Returns the parts whose record is valid: the record reads, its row range matches the current
     plan, every shard it lists passes the quick check (:func:`hs_dataset.checksums.check_shard`:
     size, first and last MiB, rows) and no full verification marked the part damaged. Every other
@@ -143,12 +145,13 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
     done: set[int] = set()
     keep: set[str] = set()
     damaged = damaged_parts(state)
+    plan = {i: (start, stop) for i, start, stop in parts}
     for rec in sorted((state / "parts").glob("part-*.json")):
         r = _read_record(rec)
-        if r is not None and r["part"] >= len(parts):
-            rec.unlink()  # beyond the end of the source (max_samples shrank): dropped; its shards go below
+        if r is not None and r["part"] not in plan:
+            rec.unlink()  # not a part of this build (max_samples shrank): dropped; its shards go below
             continue
-        why = _invalid(r, parts, data, damaged)
+        why = _invalid(r, plan, data, damaged)
         if why is not None:
             logger.warning("hs_dataset: redoing %s: %s", rec.stem, why)
             rec.unlink()

@@ -55,6 +55,7 @@ from .records import Counts
 from .redact import record_redacted, redact, redact_command
 from .resume import (atomic_write, check_resume, check_shrink, fsync_dir, fsync_file, invalidate_finished,
                      lock_output, output_error, part_files, part_record, recover)
+from .scaleout import ShardSpec, begin_shard, finish_shard
 from .sources import count_rows, source_fingerprint
 
 __all__ = ["BuildLockedError", "BuildSummary", "ConfigMismatchError", "OutputWriteError", "build"]
@@ -73,11 +74,14 @@ class BuildSummary:
 
 
 def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend: CaptureBackend | None = None,
-          progress: bool = True, build_command: str | None = None, allow_shrink: bool = False) -> BuildSummary:
+          progress: bool = True, build_command: str | None = None, allow_shrink: bool = False,
+          shard: ShardSpec | None = None) -> BuildSummary:
     """Build (or resume building) the dataset of ``config`` into ``output_dir``.
 
     ``allow_shrink``: a ``max_samples`` below the rows the directory holds deletes the rows beyond it
-    (refused otherwise, with :class:`ConfigMismatchError`).
+    (refused otherwise, with :class:`ConfigMismatchError`). With ``shard``, only that shard's parts, into
+    a shard build that :mod:`hs_dataset.merge` joins with the others (use
+    :func:`hs_dataset.scaleout.build_shard`).
 
     Raises :class:`ConfigMismatchError` (the directory holds another configuration's build, or more
     rows than ``max_samples``), :class:`EmptyBuildError` (every sample was rejected),
@@ -89,7 +93,7 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
     """
     out = Path(output_dir)
     try:
-        return _build(config, out, backend, progress, build_command, allow_shrink)
+        return _build(config, out, backend, progress, build_command, allow_shrink, shard)
     except OSError as e:
         err = output_error(e, out)
         if err is None or err is e:
@@ -98,7 +102,7 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
 
 
 def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None, progress: bool,
-           build_command: str | None, allow_shrink: bool) -> BuildSummary:
+           build_command: str | None, allow_shrink: bool, shard: ShardSpec | None) -> BuildSummary:
     t0 = time.time()
     state = out / STATE_DIR
     (state / "parts").mkdir(parents=True, exist_ok=True)
@@ -122,11 +126,14 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             n = min(n, config.max_samples)
         ext = config.file_format
         parts = [(i, s, min(s + config.part_size, n)) for i, s in enumerate(range(0, n, config.part_size))]
-        check_shrink(out, state, n, allow_shrink)  # before recover, which would drop the rows beyond n
+        if shard is not None:  # one worker's share of the parts (hs_dataset.scaleout)
+            parts = begin_shard(state, shard, parts, n, config, info, layers, build_command)
+        else:
+            check_shrink(out, state, n, allow_shrink)  # before recover, which would drop the rows beyond n
         done = recover(out, state, parts)
         todo = [p for p in parts if p[0] not in done]
-        bar = BuildProgress(n, sum(p[2] - p[1] for p in parts if p[0] in done), progress, parts_total=len(parts),
-                            parts_done=len(done))
+        bar = BuildProgress(sum(p[2] - p[1] for p in parts), sum(p[2] - p[1] for p in parts if p[0] in done), progress,
+                            parts_total=len(parts), parts_done=len(done))
         own_backend = False
         built = 0
         datasets.disable_progress_bars()
@@ -163,7 +170,10 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             bar.close()
             if own_backend and backend is not None:
                 backend.close()
-        counts = _finalize(config, out, state, parts, info, layers, backend if built else None, build_command)
+        if shard is None:
+            counts = _finalize(config, out, state, parts, info, layers, backend if built else None, build_command)
+        else:
+            counts = finish_shard(state, parts)  # hs_dataset.merge finalizes the merged build
         shutil.rmtree(state / "staging", ignore_errors=True)
         shutil.rmtree(state / "cache", ignore_errors=True)  # datasets' per-part lock files
         nbytes = sum(f.stat().st_size for f in (out / DATA_DIR).glob(f"*.{ext}"))
@@ -224,7 +234,7 @@ def _discard_part(out: Path, state: Path, i: int, ext: str) -> None:
 
 
 def _generate_part(config: HiddenStatesConfig, out: Path, state: Path, i: int, start: int, stop: int,
-                   backend: CaptureBackend, bar: _Progress, stream: CaptureStream | None) -> _Generated:
+                   backend: CaptureBackend, bar: BuildProgress, stream: CaptureStream | None) -> _Generated:
     """Capture and write part ``i`` into its staging folder (the main thread's work)."""
     staging = _staging(state, i)
     try:

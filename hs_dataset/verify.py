@@ -27,7 +27,7 @@ from .checksums import HASH_KEY, check_shard
 from .errors import IntegrityError, NotABuildError
 from .layout import DAMAGED_FILE, DATA_DIR, META_FILE, SHARD_RE, STATE_DIR
 
-__all__ = ["Problem", "VerifyReport", "check_listing", "mark_damaged", "read_meta", "recorded_shards",
+__all__ = ["Problem", "VerifyReport", "check_files", "check_listing", "mark_damaged", "read_meta", "recorded_shards",
            "verify_build", "verify_repo"]
 
 
@@ -138,6 +138,24 @@ def _data_files(root: Path) -> dict[str, int]:
     return {p.relative_to(data).as_posix(): p.stat().st_size for p in sorted(data.rglob("*")) if not p.is_dir()}
 
 
+def check_files(root: Path, meta: dict[str, Any], *, quick: bool,
+                digests: dict[str, str] | None = None) -> tuple[list[Problem], int]:
+    """The files in ``root/data`` against the shards ``meta`` records (``shards``, ``counts.written``):
+    the listing (:func:`check_listing`), then each shard's size, rows and content hash (``quick``: first
+    and last MiB instead of the hash). ``meta`` may be a shard's part records gathered
+    (:mod:`hs_dataset.merge`). -> (problems, recorded rows)."""
+    problems, rows = check_listing(meta, _data_files(root), str(root))
+    named = {p.path for p in problems}
+    for s in recorded_shards(meta, str(root)):
+        rel = f"{DATA_DIR}/{s['name']}"
+        if rel in named:
+            continue  # missing or of the wrong size: said already
+        why = check_shard(root / rel, s, quick=quick, digest=(digests or {}).get(rel))
+        if why is not None:
+            problems.append(Problem(rel, why, _part(s["name"])))
+    return problems, rows
+
+
 def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[str, str] | None = None,
                  mark: bool = True) -> VerifyReport:
     """Verify a finished build directory against its ``hs_dataset.json``.
@@ -155,16 +173,8 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
     """
     root = Path(path)
     meta = read_meta(root)
-    problems, rows = check_listing(meta, _data_files(root), str(root))
+    problems, rows = check_files(root, meta, quick=quick, digests=digests)
     shards = recorded_shards(meta, str(root))
-    named = {p.path for p in problems}
-    for s in shards:
-        rel = f"{DATA_DIR}/{s['name']}"
-        if rel in named:
-            continue  # missing or of the wrong size: said already
-        why = check_shard(root / rel, s, quick=quick, digest=(digests or {}).get(rel))
-        if why is not None:
-            problems.append(Problem(rel, why, _part(s["name"])))
     report = VerifyReport(str(root), quick, len(shards), rows, problems)
     local = (root / STATE_DIR / "parts").is_dir()
     command = meta.get("build_command")

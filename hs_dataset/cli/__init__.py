@@ -2,6 +2,8 @@
 
     hs-dataset plan builder_scripts/tiny_demo.py              (before GPU hours: samples, tokens, bytes, time)
     hs-dataset build builder_scripts/tiny_demo.py --output demo_out [--set key=value ...]
+    hs-dataset build ... --num-shards N|auto [--shard-index I]  (one worker of many; or --ray [ADDRESS])
+    hs-dataset merge demo_out [SHARD_DIR ...]                  (the shards into one build)
     hs-dataset inspect demo_out [--plot demo.png]
     hs-dataset push demo_out org/name --version v1.0
     hs-dataset versions org/name
@@ -36,7 +38,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cmd | head` gives for any other c
 
 def make_parser() -> argparse.ArgumentParser:
     """The parser of every command (each module registers its own)."""
-    from . import build, hub, inspect, interop, plan
+    from . import build, hub, inspect, interop, plan, scaleout
 
     ap = argparse.ArgumentParser(prog="hs-dataset", description=(__doc__ or "").replace("``", ""),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,7 +46,7 @@ def make_parser() -> argparse.ArgumentParser:
     ap.add_argument("--debug", action="store_true", help="show the traceback of an error (also: HS_DATASET_DEBUG=1)")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     common = common_parser()
-    for module in (plan, build, inspect, hub, interop):
+    for module in (plan, build, scaleout, inspect, hub, interop):
         module.register(sub, common)
     return ap
 

@@ -10,6 +10,7 @@ from ..errors import ConfigError, EmptyBuildError, RejectRateError
 from ..layout import REJECTS_FILE
 from .options import ConfigHelp, add_config_args, add_progress_arg, command_line, make_config
 from .render import print_rejects, size
+from .scaleout import add_build_args, scaleout_build, wants_scaleout
 
 __all__ = ["DEFAULT_MAX_REJECT_RATE", "cmd_build", "register"]
 
@@ -43,6 +44,12 @@ def cmd_build(a: argparse.Namespace) -> int:
         if not a.version:
             raise ConfigError("--push needs --version, e.g. --push org/name --version v1.0")
         check_hub(need_token=True)  # before the build, not after its GPU hours
+    if wants_scaleout(a):  # --num-shards / --shard-index / --ray: one worker of many (cli/scaleout.py)
+        if scaleout_build(a, config, command_line()) and a.push:  # the worker that merged pushes
+            from .hub import push
+
+            push(a.output, a.push, a.version, force=a.force)
+        return 0
     try:
         s = build(config, a.output, progress=not a.no_progress, build_command=command_line(),
                   allow_shrink=a.allow_shrink)
@@ -95,4 +102,5 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                                                       "endpoint are checked first)")
     b.add_argument("--version", help="version tag for --push, e.g. v1.0")
     b.add_argument("--force", action="store_true", help="with --push: replace an existing version")
+    add_build_args(b)
     b.set_defaults(fn=cmd_build)

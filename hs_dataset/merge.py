@@ -1,0 +1,248 @@
+"""``hs-dataset merge OUT [SHARD_DIR ...]``: the shards of a build made by many workers
+(:mod:`hs_dataset.scaleout`) become one finished build, as if one worker had built it.
+
+Refused, naming the shard and what to do (:class:`~hs_dataset.errors.ShardError`): a folder that is
+not a shard build, a shard still being built (its lock is held), one built with another
+configuration (its ``.hs_build/build.json`` content key differs from the others') or another plan
+(parts, rows, number of shards), a shard given twice, a missing shard, an unfinished one, and shard
+files that fail their check (:func:`hs_dataset.verify.check_files`: size, first and last MiB, rows;
+``full``: the whole content hash, and damaged parts are then marked for the shard's next build).
+
+Then, holding every shard's lock and the output's: each part's files are hard-linked into
+``OUT/data/`` (no shard data is copied; across file systems they are copied, and the summary says
+so), each part's record is copied (the commit point, as in a build), the output is recovered like
+any resumed build (:func:`hs_dataset.resume.recover`), and the normal final step of a build
+(``hs_dataset.shard_writer._finalize``) writes ``rejects.jsonl``, ``hs_dataset.json`` and the card.
+The rows, metadata (but the build command) and card equal those of a single-worker build of the same
+source; ``OUT`` is an ordinary build: the single-worker command (recorded as its build command)
+resumes or repairs it, ``hs-dataset push`` publishes it. Merging again is harmless.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .backends.base import ModelInfo
+from .config import HiddenStatesConfig
+from .errors import ShardError
+from .layout import DATA_DIR, REDACTED_FILE, SHARD_FILE, SHARDS_DIR, STATE_DIR
+from .records import Counts
+from .redact import redact_command, redact_text
+from .resume import (atomic_write, check_resume, fsync_dir, fsync_file, invalidate_finished, lock_output, part_record,
+                     recover)
+from .scaleout import ShardSpec, read_shard, shard_dir, shard_parts, single_worker_command
+from .verify import check_files, mark_damaged
+
+__all__ = ["MergeSummary", "found_shards", "merge_shards"]
+
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+@dataclass
+class MergeSummary:
+    """What a merge made: ``linked`` files hard-linked, ``copied`` (with ``copied_bytes``) copied."""
+
+    output_dir: str
+    counts: Counts
+    shards: int
+    parts: int
+    linked: int
+    copied: int
+    copied_bytes: int
+    seconds: float
+
+    def message(self) -> str:
+        c = self.counts
+        how = f"{self.linked} files hard-linked"
+        if self.copied:
+            how += (f", {self.copied} copied ({self.copied_bytes / 2**20:.1f} MiB: the shards are on another file "
+                    "system than the output; hard links need one)")
+        return (f"merged {self.shards} shards ({self.parts} parts) into {self.output_dir}: {c.written} samples written, "
+                f"{c.rejected} rejected (of {c.samples_in}), {c.tokens_written} tokens; {how}, in {self.seconds:.1f}s")
+
+
+def found_shards(out: str | os.PathLike) -> list[Path]:
+    """The shard builds under ``OUT/.hs_build/shards/``, in name order."""
+    root = Path(out) / STATE_DIR / SHARDS_DIR
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def merge_shards(out: str | os.PathLike, shard_dirs: list[str | os.PathLike] | None = None, *, full: bool = False,
+                 build_command: str | None = None) -> MergeSummary:
+    """Merge shard builds into the finished build ``out``.
+
+    Args:
+        out: the output directory (made if needed; it may hold an earlier merge of the same build).
+        shard_dirs: the shard builds (default: every one under ``OUT/.hs_build/shards/``).
+        full: check each shard file's whole content hash, not only its size, edges and rows.
+        build_command: recorded in ``hs_dataset.json`` (default: the shards' own, without the shard flags).
+
+    Raises:
+        ShardError: the set cannot be merged (the message names the shard).
+        BuildLockedError: a shard is being built, or ``out`` is being merged or built.
+        ConfigMismatchError: ``out`` holds a build of another configuration.
+    """
+    t0 = time.time()
+    out = Path(out)
+    dirs = [Path(d) for d in shard_dirs] if shard_dirs else found_shards(out)
+    if not dirs:
+        raise ShardError(f"{out}: no shard builds to merge in {out / STATE_DIR / SHARDS_DIR}: build them first "
+                         "(hs-dataset build ... --num-shards N --shard-index I)")
+    seen: dict[Path, Path] = {}
+    for d in dirs:
+        if read_shard(d) is None or _content_key(d) is None:
+            raise ShardError(f"{d} is not a shard build, or its build has not started (no readable {STATE_DIR}/"
+                             f"{SHARD_FILE} and build.json): run its build command, or pass the folders that "
+                             f"hs-dataset build --num-shards made ({out / STATE_DIR / SHARDS_DIR}/shard-*)")
+        if d.resolve() in seen:
+            raise ShardError(f"shard {d} is given twice (also as {seen[d.resolve()]}): pass each shard once")
+        seen[d.resolve()] = d
+    locks: list[int] = []
+    try:
+        for d in dirs:  # no worker may write a shard while it is checked and linked
+            locks.append(lock_output(d, d / STATE_DIR))
+        shards = [(d, read_shard(d) or {}, _content_key(d)) for d in dirs]
+        first = _check_set(out, shards)
+        records = _check_files(shards, full)
+        state = out / STATE_DIR
+        (state / "parts").mkdir(parents=True, exist_ok=True)
+        (out / DATA_DIR).mkdir(exist_ok=True)
+        lock = lock_output(out, state)
+        try:
+            # the shards recorded their command redacted already; one given here is redacted too
+            command = redact_command(build_command)[0] if build_command else single_worker_command(
+                first.get("build_command"))
+            return _assemble(out, shards, first, records, command, t0)
+        finally:
+            os.close(lock)
+    finally:
+        for fd in locks:
+            os.close(fd)
+
+
+def _content_key(d: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((d / STATE_DIR / "build.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _odd_one(shards: list[tuple[Path, dict, Any]], what: str, value) -> None:
+    """Refuse the shards whose ``value(shard)`` differs from the most common one, naming them."""
+    votes = Counter(json.dumps(value(s), sort_keys=True) for s in shards)
+    usual = votes.most_common(1)[0][0]
+    for d, r, key in shards:
+        mine = json.dumps(value((d, r, key)), sort_keys=True)
+        if mine != usual:
+            base, other = json.loads(usual), json.loads(mine)
+            if isinstance(base, dict) and isinstance(other, dict):
+                diff = "; ".join(f"{k}: {other.get(k)!r} instead of {base.get(k)!r}"
+                                 for k in sorted(set(base) | set(other)) if base.get(k) != other.get(k))
+            else:
+                diff = f"{other!r} instead of {base!r}"
+            raise ShardError(redact_text(
+                f"shard {d} was built with another {what} than the other shards ({diff}): rebuild it with the "
+                "same builder script and options, or leave it out")[0])
+
+
+def _check_set(out: Path, shards: list[tuple[Path, dict, Any]]) -> dict[str, Any]:
+    """Same content key and plan; each shard index exactly once; all present and done. -> a shard's record."""
+    _odd_one(shards, "configuration", lambda s: s[2])
+    _odd_one(shards, "plan (parts, rows, number of shards)", lambda s: dict(s[1]["plan"], shards=s[1]["shard"]["count"]))
+    first = shards[0][1]
+    count = int(first["shard"]["count"])
+    by_index: dict[int, Path] = {}
+    for d, r, _ in shards:
+        i = int(r["shard"]["index"])
+        if i in by_index:
+            raise ShardError(f"shard {i} of {count} is given twice: {by_index[i]} and {d}; pass one of them")
+        by_index[i] = d
+    expected = shard_parts(int(first["plan"]["parts"]), count)
+    for i in range(count):
+        if i not in by_index:
+            raise ShardError(f"shard {i} of {count} (parts {expected[i]}) is missing: build it (--num-shards {count} "
+                             f"--shard-index {i}, into {shard_dir(out, ShardSpec(i, count))}) and merge again")
+    for d, r, _ in shards:
+        i = int(r["shard"]["index"])
+        recorded = sorted(int(p.stem.split("-")[1]) for p in (d / STATE_DIR / "parts").glob("part-*.json"))
+        if r["parts"] != expected[i] or not r.get("done") or recorded != expected[i]:
+            raise ShardError(f"shard {i} of {count} ({d}) is not finished: {len(set(recorded) & set(expected[i]))} of "
+                             f"{len(expected[i])} parts recorded; run its build command again (it resumes), "
+                             "then merge")
+    return first
+
+
+def _check_files(shards: list[tuple[Path, dict, Any]], full: bool) -> dict[int, tuple[dict, Path]]:
+    """Every shard's files against its part records. -> {part: (record, shard folder)}."""
+    records: dict[int, tuple[dict, Path]] = {}
+    for d, r, _ in shards:
+        mine = [json.loads(part_record(d / STATE_DIR, p).read_text(encoding="utf-8")) for p in r["parts"]]
+        meta = {"shards": [f for rec in mine for f in rec["files"]],
+                "counts": {"written": sum(int(rec["counts"]["written"]) for rec in mine)}}
+        problems, _ = check_files(d, meta, quick=not full)
+        if problems:
+            if full:
+                mark_damaged(d, problems)  # its next build redoes those parts
+            parts = sorted({p.part for p in problems if p.part is not None})
+            raise ShardError(f"shard {d} does not match its part records: {'; '.join(map(str, problems))}. Run its "
+                             f"build command again (it rebuilds part(s) {parts} and removes unlisted files), then merge")
+        records.update((rec["part"], (rec, d)) for rec in mine)
+    return records
+
+
+def _place(src: Path, dst: Path) -> int:
+    """Hard-link ``src`` as ``dst`` (-1: it already is; 0: linked), or copy it across file systems (-> its bytes)."""
+    if dst.exists() and os.path.samefile(src, dst):
+        return -1
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    copied = 0
+    try:
+        os.link(src, tmp)
+    except OSError as e:
+        if e.errno not in _NO_LINK:
+            raise
+        shutil.copyfile(src, tmp)
+        fsync_file(tmp)
+        copied = tmp.stat().st_size
+    os.replace(tmp, dst)
+    return copied
+
+
+def _assemble(out: Path, shards: list[tuple[Path, dict, Any]], first: dict[str, Any],
+              records: dict[int, tuple[dict, Path]], build_command: str | None, t0: float) -> MergeSummary:
+    from .shard_writer import _finalize
+
+    state = out / STATE_DIR
+    check_resume(state, shards[0][2])
+    invalidate_finished(out, state)
+    linked = copied = copied_bytes = 0
+    for p in sorted(records):
+        rec, d = records[p]
+        for f in rec["files"]:
+            n = _place(d / DATA_DIR / f["name"], out / DATA_DIR / f["name"])
+            copied, copied_bytes = copied + (n > 0), copied_bytes + max(n, 0)
+            linked += n <= 0
+        fsync_dir(out / DATA_DIR)
+        atomic_write(part_record(state, p), json.dumps(rec))  # the commit point of the part, as in a build
+    redacted = shards[0][0] / STATE_DIR / REDACTED_FILE  # the same configuration: the same credentials
+    if redacted.is_file():
+        atomic_write(state / REDACTED_FILE, redacted.read_text(encoding="utf-8"))
+    rows, size = int(first["plan"]["rows"]), int(first["plan"]["part_size"])
+    parts = [(i, s, min(s + size, rows)) for i, s in enumerate(range(0, rows, size))]
+    done = recover(out, state, parts)
+    if done != set(range(len(parts))):
+        raise RuntimeError(f"{out}: parts {sorted(set(range(len(parts))) - done)} did not survive the merge; "
+                           "this is a bug in hs_dataset: run the merge again")
+    config = HiddenStatesConfig(**first["config"])
+    counts = _finalize(config, out, state, parts, ModelInfo(**first["model"]), tuple(first["layers"]), None,
+                       build_command)
+    return MergeSummary(str(out), counts, len(shards), len(parts), linked, copied, copied_bytes, time.time() - t0)

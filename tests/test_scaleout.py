@@ -1,0 +1,330 @@
+"""Scale-out (issue 17): one version built by many workers, then merged (hs_dataset.scaleout, merge, ray_build).
+
+A build split into shards (as a Slurm job array, torchrun or Ray runs it) and merged must hold the
+rows, hs_dataset.json (apart from its build command), card and ``load_dataset`` result of a
+single-worker build of the same source; an incomplete or mismatched set of shards is refused,
+naming the odd shard.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hs_dataset import cli
+from hs_dataset.errors import ConfigError, ShardError
+from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, STATE_DIR
+from hs_dataset.merge import merge_shards
+from hs_dataset.scaleout import (ShardSpec, build_shard, launcher_shard, pin_local_gpus, read_shard, resolve_shard,
+                                 shard_dir, shard_parts, single_worker_command, worker_resources)
+from hs_dataset.shard_writer import build
+from hs_dataset.verify import verify_build
+from tests.buildtools import DEMO, LAYERS, config, content_hash, load_built
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_script(path: Path, model: str) -> Path:
+    """A builder script with the configuration of :func:`tests.buildtools.config` (24 rows, parts of 4)."""
+    cfg = dict(model=model, layers=list(LAYERS), source=str(DEMO), max_length=256, part_size=4, max_samples=24,
+               backend_options={"device": "cpu", "batch_tokens": 2048})
+    path.write_text(f"CONFIG = {cfg!r}\n")
+    return path
+
+
+def run_cli(monkeypatch, args: list[str], env: dict[str, str] | None = None) -> int:
+    """``hs-dataset ARGS`` in this process, with ``env`` set (a launcher's variables)."""
+    with monkeypatch.context() as m:
+        for k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "RANK", "WORLD_SIZE",
+                  "LOCAL_RANK"):
+            m.delenv(k, raising=False)
+        for k, v in (env or {}).items():
+            m.setenv(k, v)
+        m.setattr(sys, "argv", ["hs-dataset", *args])
+        return cli.main(args)
+
+
+def same_build(single: Path, merged: Path) -> None:
+    """Rows, metadata (but the build command), card and load_dataset result of two builds are equal."""
+    assert content_hash(merged) == content_hash(single)
+    a, b = (json.loads((d / META_FILE).read_text()) for d in (single, merged))
+    assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} <= {"build_command"}
+    ra, rb = ((d / README_FILE).read_text().replace(m["build_command"], "CMD").replace(str(d), "OUT")
+              for d, m in ((single, a), (merged, b)))
+    assert ra == rb
+    assert (single / "rejects.jsonl").read_text() == (merged / "rejects.jsonl").read_text()
+    assert load_built(merged).data.table.equals(load_built(single).data.table)
+    assert verify_build(merged).ok
+
+
+@pytest.fixture(scope="module")
+def single(tiny_model, backend, tmp_path_factory) -> Path:
+    """The single-worker build every sharded build must equal (read-only)."""
+    out = tmp_path_factory.mktemp("single") / "out"
+    build(config(tiny_model), out, backend=backend, progress=False, build_command="hs-dataset build (single)")
+    return out
+
+
+@pytest.fixture(scope="module")
+def slurm(tiny_model, tmp_path_factory) -> tuple[Path, Path, str]:
+    """4 shards built one after the other as the tasks of a Slurm job array (SLURM_ARRAY_TASK_*), with
+    the command line; the last one merges. -> (output, builder script, what the last task printed)."""
+    import contextlib
+    import io
+
+    from _pytest.monkeypatch import MonkeyPatch
+
+    root = tmp_path_factory.mktemp("slurm")
+    script = write_script(root / "tiny.py", tiny_model)
+    out = root / "out"
+    mp = MonkeyPatch()
+    try:
+        for task in (3, 1, 0, 2):  # the order an array runs its tasks in is not fixed
+            assert not (out / META_FILE).exists()  # not before the last shard
+            env = {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "0"}
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                assert run_cli(mp, ["build", str(script), "-o", str(out), "--num-shards", "auto", "--no-progress"],
+                               env) == 0
+    finally:
+        mp.undo()
+    return out, script, printed.getvalue()
+
+
+def test_shard_plan_and_launchers():
+    assert shard_parts(10, 4) == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    assert shard_parts(2, 3) == [[0], [1], []]
+    assert sorted(p for s in shard_parts(101, 7) for p in s) == list(range(101))
+    with pytest.raises(ConfigError):
+        shard_parts(4, 0)
+    # Slurm: --array=10-40:10 -> tasks 10, 20, 30, 40 are shards 0..3
+    slurm = {"SLURM_ARRAY_TASK_ID": "30", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "10",
+             "SLURM_ARRAY_TASK_STEP": "10"}
+    assert launcher_shard(slurm) == (2, 4, "Slurm array")
+    assert launcher_shard({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) == (5, 8, "torchrun")
+    assert launcher_shard({}) is None
+    with pytest.raises(ConfigError, match="both"):
+        launcher_shard({**slurm, "RANK": "0", "WORLD_SIZE": "2"})
+    assert resolve_shard("auto", None, slurm) == ShardSpec(2, 4)
+    assert resolve_shard("4", None, slurm) == ShardSpec(2, 4)
+    assert resolve_shard(3, 1, {}) == ShardSpec(1, 3)
+    for args, env, what in [(("auto", None), {}, "none is set"), ((4, None), {}, "needs --shard-index"),
+                            ((None, 1), {}, "needs --num-shards"), ((8, None), slurm, "has 4 workers"),
+                            ((4, 4), {}, "index must be in"), (("x", 0), {}, "expected a number")]:
+        with pytest.raises(ConfigError, match=what):
+            resolve_shard(*args, env)
+    cmd = "hs-dataset build s.py -o 'my out' --num-shards auto --shard-index=2 --ray ray://h:10001 --no-progress"
+    assert single_worker_command(cmd) == "hs-dataset build s.py -o 'my out' --no-progress"
+    assert single_worker_command("hs-dataset build s.py --ray -o x") == "hs-dataset build s.py -o x"
+
+
+def test_engine_resources_and_torchrun_gpus(tiny_model):
+    sgl = config(tiny_model, backend="sglang", backend_options={"tp_size": 4})
+    assert worker_resources(sgl) == (1.0, 4.0)
+    assert worker_resources(config(tiny_model, backend="sglang", backend_options={"sglang_url": "http://h"})) == (1, 0)
+    assert worker_resources(config(tiny_model)) == (1.0, 0.0)  # device cpu
+    assert worker_resources(config(tiny_model, backend_options={}), gpus_available=True) == (1.0, 1.0)
+    env = {"LOCAL_RANK": "1"}
+    assert pin_local_gpus(config(tiny_model, backend="sglang", backend_options={"tp_size": 2}), env) == "2,3"
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert pin_local_gpus(sgl, {"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "7"}) is None  # the launcher chose
+    assert pin_local_gpus(config(tiny_model), {"LOCAL_RANK": "1"}) is None  # CPU
+
+
+def test_slurm_array_shards_merge_into_the_single_worker_build(slurm, single, tiny_model):
+    out, script, printed = slurm  # the last task's output: it merged
+    assert "built shard 2 of 4" in printed and "merged 4 shards (6 parts)" in printed and "6 files hard-linked" in printed
+    same_build(single, out)
+    meta = json.loads((out / META_FILE).read_text())
+    assert meta["build_command"] == f"hs-dataset build {script} -o {out} --no-progress"  # the single-worker command
+    for f in (out / DATA_DIR).iterdir():  # hard links: no shard data copied
+        part = int(f.name.split("-")[1])
+        twin = shard_dir(out, ShardSpec(part % 4, 4)) / DATA_DIR / f.name
+        assert os.path.samefile(f, twin)
+    # the shards' records hold the whole plan; a shard holds no hs_dataset.json (it cannot be pushed by mistake)
+    r = read_shard(shard_dir(out, ShardSpec(1, 4)))
+    assert r["plan"] == {"parts": 6, "rows": 24, "part_size": 4} and r["parts"] == [1, 5] and r["done"]
+    assert not (shard_dir(out, ShardSpec(1, 4)) / META_FILE).exists()
+    # the merged build is an ordinary build: the same command in one process resumes it (nothing to do) ...
+    s = build(config(tiny_model), out, progress=False)
+    assert (s.parts_built, s.parts_skipped) == (0, 6)
+    # ... and merging again is harmless
+    assert merge_shards(out).linked == 6
+    same_build(single, out)
+
+
+def test_merge_refuses_missing_duplicated_unfinished_damaged_and_other_config(slurm, tiny_model, backend, tmp_path):
+    out, _, _ = slurm
+    shards = [shard_dir(out, ShardSpec(i, 4)) for i in range(4)]
+    target = tmp_path / "merged"
+
+    def refused(dirs, match, **kw):
+        with pytest.raises(ShardError, match=match):
+            merge_shards(target, dirs, **kw)
+        assert not (target / META_FILE).exists()
+
+    refused([shards[0], shards[1], shards[3]], r"shard 2 of 4 \(parts \[2\]\) is missing")
+    copy = tmp_path / "copy-of-1"
+    shutil.copytree(shards[1], copy)
+    refused([shards[0], shards[1], copy, shards[2], shards[3]],
+            re.escape(f"shard 1 of 4 is given twice: {shards[1]} and {copy}"))
+    refused([shards[0], shards[1], shards[1]], "is given twice")
+    # another configuration (the loss mask) for shard 2
+    other = tmp_path / "other-2"
+    build_shard(config(tiny_model, mask="last"), other, ShardSpec(2, 4), backend=backend, progress=False, merge=False)
+    odd = shard_dir(other, ShardSpec(2, 4))
+    refused([shards[0], shards[1], odd, shards[3]],
+            re.escape(f"shard {odd} was built with another configuration") + ".*mask: 'last' instead of 'all'")
+    # another plan (max_samples) with the same configuration
+    short = tmp_path / "short-2"
+    build_shard(config(tiny_model, max_samples=20), short, ShardSpec(2, 4), backend=backend, progress=False, merge=False)
+    refused([shards[0], shards[1], shard_dir(short, ShardSpec(2, 4)), shards[3]], "another plan.*rows: 20")
+    # an unfinished shard: a part record lost
+    (copy / STATE_DIR / "parts" / "part-00005.json").unlink()
+    refused([shards[0], copy, shards[2], shards[3]], re.escape(f"shard 1 of 4 ({copy}) is not finished: 1 of 2 parts"))
+    # a damaged shard file: a flipped byte in the middle is found by the full check, and marked for the rebuild
+    bad = tmp_path / "bad-3"
+    shutil.copytree(shards[3], bad)
+    victim = sorted((bad / DATA_DIR).iterdir())[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    victim.write_bytes(bytes(data))
+    refused([shards[0], shards[1], shards[2], bad],
+            re.escape(f"shard {bad} does not match") + f".*{victim.name} its content hash differs", full=True)
+    assert "3" in json.loads((bad / STATE_DIR / "damaged.json").read_text())
+    refused([tmp_path], "is not a shard build")
+
+
+def test_merge_command_and_a_merge_across_file_systems(slurm, single, capsys):
+    """``hs-dataset merge OUT SHARD...`` into a folder on another file system (/dev/shm, a tmpfs): the
+    shard files cannot be hard-linked there, so they are copied, and the merge says so."""
+    import tempfile
+
+    out, _, _ = slurm
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(out).st_dev:
+        pytest.skip("needs /dev/shm on another file system than the test's temporary folder")
+    target = Path(tempfile.mkdtemp(prefix="hs-merge-", dir=shm)) / "merged"
+    try:
+        shards = [str(shard_dir(out, ShardSpec(i, 4))) for i in range(4)]
+        capsys.readouterr()
+        assert cli.main(["merge", str(target), *shards]) == 0
+        printed = capsys.readouterr().out
+        assert "0 files hard-linked, 6 copied" in printed and "another file system" in printed, printed
+        same_build(single, target)
+        with pytest.raises(SystemExit, match="hs-dataset merge: shard 3 of 4 .* is missing"):
+            cli.main(["merge", str(target.parent / "other"), *shards[:3]])
+    finally:
+        shutil.rmtree(target.parent, ignore_errors=True)
+
+
+def test_merged_build_pushes_like_any_build(slurm, single, tmp_path):
+    import datasets
+
+    from hs_dataset.publish import push_dataset
+    from tests.hub_server import running_hub
+    from tests.hubtools import hub_client_env
+
+    out, _, _ = slurm
+    with running_hub(tmp_path) as hub, hub_client_env(hub, tmp_path / "home", token="hf_ScaleoutTest0123456789abcdef"):
+        result = push_dataset(out, "org/merged", "v1.0")
+        files = hub.files_at("dataset", "org/merged", "v1.0")
+        assert not any(p.startswith(STATE_DIR) for p in files)  # the shards stay local
+        assert sorted(p for p in files if p.startswith("data/")) == sorted(
+            f"data/{f.name}" for f in (out / DATA_DIR).iterdir())
+        remote = datasets.load_dataset("org/merged", revision=result.commit_sha, split="train",
+                                       cache_dir=str(tmp_path / "dcache"))
+        assert remote.data.table.equals(load_built(single).data.table)
+
+
+def test_torchrun_workers_run_side_by_side_and_the_last_one_merges(tiny_model, single, tmp_path):
+    """Two workers at once on one machine, as ``torchrun --nproc-per-node 2`` starts them."""
+    script = write_script(tmp_path / "tiny.py", tiny_model)
+    out = tmp_path / "out"
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", PYTHONPATH=str(ROOT))
+        procs.append(subprocess.Popen([sys.executable, "-m", "hs_dataset.cli", "build", str(script), "-o", str(out),
+                                       "--num-shards", "auto", "--no-progress"], env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert sum("merged 2 shards (6 parts)" in o for o in outputs) >= 1, outputs
+    same_build(single, out)
+
+
+# ------------------------------------------------------------------------------------------- Ray
+
+
+def lock_holder(shard: Path) -> int | None:
+    """The pid of the process holding ``shard``'s build lock (None: nobody holds it)."""
+    lock = shard / STATE_DIR / "lock"
+    try:
+        pid = int(lock.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None  # not held
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    try:  # that pid has the lock file open (not a stale pid in the file)
+        if any(os.path.realpath(f"/proc/{pid}/fd/{n}") == str(lock.resolve()) for n in os.listdir(f"/proc/{pid}/fd")):
+            return pid
+    except OSError:
+        pass
+    return None
+
+
+@pytest.mark.slow
+def test_ray_two_workers_one_killed_mid_shard_and_retried(tiny_model, single, tmp_path, monkeypatch, capsys):
+    ray = pytest.importorskip("ray")
+    script = write_script(tmp_path / "tiny.py", tiny_model)
+    out = tmp_path / "out"
+    victim = shard_dir(out, ShardSpec(0, 2))
+    killed: list[int] = []
+
+    def kill_mid_shard() -> None:
+        deadline = time.time() + 240
+        while time.time() < deadline and not killed:
+            records = len(list((victim / STATE_DIR / "parts").glob("part-*.json"))) if victim.is_dir() else 0
+            pid = lock_holder(victim) if 1 <= records < 3 else None
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.005)
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        killer = threading.Thread(target=kill_mid_shard, daemon=True)
+        killer.start()
+        capsys.readouterr()
+        assert run_cli(monkeypatch, ["build", str(script), "-o", str(out), "--ray", "--no-progress"]) == 0
+        printed = capsys.readouterr().out
+        killer.join(timeout=1)
+    finally:
+        ray.shutdown()
+    assert killed, f"shard 0 was never seen mid-build: {printed}"
+    assert "2 shards as Ray tasks (1 CPU, 0 GPU each; 2 at once)" in printed
+    done = dict(re.findall(r"shard (\d) of 2 done on \S+ \(pid (\d+)\)", printed))
+    assert set(done) == {"0", "1"} and int(done["0"]) != killed[0], printed  # shard 0 ran again in a new worker
+    resumed = re.search(r"shard 0 of 2 done .*?: .*?; (\d+) parts built, (\d+) already done", printed)
+    assert resumed and int(resumed.group(2)) >= 1 and int(resumed.group(1)) + int(resumed.group(2)) == 3, printed
+    assert "merged 2 shards (6 parts)" in printed
+    same_build(single, out)
