@@ -104,7 +104,9 @@ def make_kimi_k25(out: str | Path, seed=0, *, hidden=512, vocab=32000) -> Path:
         return out
     text_dir = make_dsv3(out.parent / f".{out.name}-text", seed=seed, hidden=hidden, vocab=vocab)
     text_cfg = json.loads((text_dir / "config.json").read_text())
-    text_cfg.pop("architectures", None)
+    # text_config keeps "architectures": SGLang's DeepseekV2ForCausalLM.determine_num_fused_shared_experts
+    # (models/deepseek_v2.py, 0.5.17) reads config.architectures[0] of the config it is built from, here text_config.
+    text_cfg["architectures"] = ["DeepseekV3ForCausalLM"]
     vt, mlp, patch, merge = 64, 128, 14, (2, 2)
     vision = dict(patch_size=patch, init_pos_emb_height=8, init_pos_emb_width=8, init_pos_emb_time=4,
                   pos_emb_type="divided_fixed", num_attention_heads=2, num_hidden_layers=1, hidden_size=vt,

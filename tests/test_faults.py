@@ -151,8 +151,8 @@ def test_cli_on_nonfinite_flag(poisoned, tmp_path):
     model, bad = poisoned
     common = [sys.executable, "-m", "hs_dataset.cli", "build", str(SCRIPT), "--set", f"model={model}",
               "--set", "max_samples=24", "--set", "max_length=256", "--no-progress"]
-    r = subprocess.run(common + ["-o", str(tmp_path / "a"), "--on-nonfinite", "reject"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(common + ["-o", str(tmp_path / "a"), "--on-nonfinite", "reject", "--max-reject-rate", "0.5"],
+                       capture_output=True, text=True, timeout=300)  # a quarter of the samples are poisoned on purpose
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"{24 - len(bad)} samples written, {len(bad)} rejected" in r.stdout
     assert json.loads((tmp_path / "a" / "hs_dataset.json").read_text())["config"]["on_nonfinite"] == "reject"
