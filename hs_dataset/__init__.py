@@ -3,7 +3,7 @@
 The entry points, imported lazily (``import hs_dataset`` pulls in neither torch nor SGLang):
 
 * :func:`build` (:mod:`hs_dataset.shard_writer`) and :class:`HiddenStatesConfig`: build or resume a dataset;
-* :func:`push_dataset` / :func:`list_versions` (:mod:`hs_dataset.publish`): publish versions to the Hub;
+* :func:`push_dataset` / :func:`list_versions` (:mod:`hs_dataset.publish`, :mod:`hs_dataset.hub_versions`): publish versions to the Hub;
 * :func:`open_dataset`, :func:`load_verified`, :func:`iter_torch`, :class:`DrafterCollator` (:mod:`hs_dataset.reader`):
   read for training;
 * :func:`verify_build` / :func:`verify_repo` (:mod:`hs_dataset.verify`): check a build or a version against its checksums;
@@ -22,7 +22,7 @@ __version__ = "0.2.0"
 
 _EXPORTS = {
     "build": "shard_writer", "BuildSummary": "shard_writer", "HiddenStatesConfig": "config",
-    "push_dataset": "publish", "list_versions": "publish",
+    "push_dataset": "publish", "list_versions": "hub_versions",
     "open_dataset": "reader", "iter_torch": "reader", "decode_row": "reader", "DrafterCollator": "reader",
     "load_verified": "reader", "verify_build": "verify", "verify_repo": "verify",
     "export_specforge": "interop", "export_dataset": "interop", "import_dataset": "interop",

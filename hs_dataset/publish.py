@@ -35,13 +35,9 @@ any credential the build redacted (:mod:`hs_dataset.redact`).
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
-import json
 import logging
 import os
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
 from huggingface_hub import (
@@ -51,26 +47,23 @@ from huggingface_hub import (
     HfApi,
     get_token,
 )
-from huggingface_hub.errors import EntryNotFoundError, RevisionNotFoundError
-from huggingface_hub.hf_api import RepoFile
-
-import xxhash
+from huggingface_hub.errors import RevisionNotFoundError
 
 from .card import parse_history, render_card
-from .errors import IntegrityError, NotABuildError, PublishError, SecretLeakError, VersionExistsError
-from .layout import DATA_DIR, META_FILE, README_FILE, STATE_DIR
+from .errors import PublishError, SecretLeakError, VersionExistsError
+from .hub_versions import (REPO_TYPE, collect_history, fill_history_commits, read_remote_text, remote_files,
+                           version_key)
+from .layout import README_FILE, STATE_DIR
+from .push_files import REGULAR_MAX_SIZE, check_folder_sizes, local_files, read_build, refuse_unverified
 from .redact import check_uploads, find_secret, load_redacted, redact_command
-from .verify import verify_build
 from .version_names import WORK_BRANCH_PREFIX, check_version_name
+
+__all__ = ["KEEP_REMOTE", "PushResult", "push_dataset"]
 
 
 logger = logging.getLogger(__name__)
 
-REPO_TYPE = "dataset"
-EXCLUDED_DIRS = (STATE_DIR, ".git", ".cache")
 KEEP_REMOTE = (".gitattributes",)  # repository files a version never deletes
-REGULAR_MAX_SIZE = 10 * 1024 * 1024  # the Hub stores anything >= 10 MiB with LFS
-MAX_FILES_PER_FOLDER = 10_000  # Hub limit
 
 
 @dataclass
@@ -91,38 +84,11 @@ class PushResult:
     resumed: bool = False  # the work branch existed already
 
 
-@dataclass
-class VersionInfo:
-    version: str
-    commit_sha: str
-    samples: int | None
-    tokens: int | None
-    rejected: int | None
-    metadata: dict | None = None
-    bytes: int | None = None  # the shards' bytes
-    pushed_at: str | None = None  # from the version's card (ISO UTC)
-
-
 # --------------------------------------------------------------------------------------- helpers
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def version_key(version: str) -> tuple:
-    """Sort key: ``v1.10`` > ``v1.9`` > ``v1.9rc1``; non-numeric names sort before numeric ones."""
-    try:
-        from packaging.version import InvalidVersion, Version
-
-        try:
-            return (1, Version(version.lstrip("vV")), version)
-        except InvalidVersion:
-            pass
-    except ImportError:  # pragma: no cover
-        pass
-    parts = tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[^0-9A-Za-z]+", version.lstrip("vV")) if p)
-    return (0, parts, version)
 
 
 def _scrub(text: str, token: str | None) -> str:
@@ -132,148 +98,8 @@ def _scrub(text: str, token: str | None) -> str:
     return redact_command(text)[0]
 
 
-def _hash_file(path: Path, size: int) -> tuple[str, str | None, str]:
-    """(sha256, git blob sha1 or None for files that can only be LFS, xxh3-128) in one read."""
-    sha256 = hashlib.sha256()
-    xxh = xxhash.xxh3_128()
-    git = None
-    if size < REGULAR_MAX_SIZE:
-        git = hashlib.sha1(b"blob %d\0" % size)
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            sha256.update(chunk)
-            xxh.update(chunk)
-            if git is not None:
-                git.update(chunk)
-    return sha256.hexdigest(), git.hexdigest() if git is not None else None, xxh.hexdigest()
-
-
-@dataclass
-class _LocalFile:
-    rel: str
-    path: Path
-    size: int
-    sha256: str
-    git_oid: str | None
-    xxh3_128: str = ""
-
-    def same_as(self, remote: RepoFile | None) -> bool:
-        if remote is None or remote.size != self.size:
-            return False
-        if remote.lfs is not None:
-            return remote.lfs.sha256 == self.sha256
-        return self.git_oid is not None and remote.blob_id == self.git_oid
-
-
-def read_build(local_dir: str | os.PathLike) -> tuple[Path, dict, str]:
-    """Check ``local_dir`` is a finished build -> (path, hs_dataset.json content, README text)."""
-    root = Path(local_dir)
-    if not root.is_dir():
-        raise NotABuildError(f"{root} is not a directory")
-    missing = [name for name in (META_FILE, README_FILE) if not (root / name).is_file()]
-    if missing:
-        raise NotABuildError(
-            f"{root} is not a finished hs_dataset build: missing {', '.join(missing)} "
-            "(run or resume the build until it completes before publishing)"
-        )
-    try:
-        metadata = json.loads((root / META_FILE).read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise NotABuildError(f"{root / META_FILE} is not valid JSON: {exc}") from None
-    if not isinstance(metadata, dict):
-        raise NotABuildError(f"{root / META_FILE} must hold a JSON object")
-    data_dir = root / DATA_DIR
-    if not data_dir.is_dir() or not any(p.is_file() for p in data_dir.rglob("*")):
-        raise NotABuildError(f"{root} is not a finished hs_dataset build: no data files under data/")
-    return root, metadata, (root / README_FILE).read_text(encoding="utf-8")
-
-
-def _local_files(root: Path) -> dict[str, _LocalFile]:
-    files: dict[str, _LocalFile] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = Path(dirpath).relative_to(root)
-        if rel_dir == Path("."):
-            dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]
-        dirnames[:] = [d for d in dirnames if d not in (".git", ".cache")]
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            if path.is_symlink() and not path.exists():
-                continue
-            rel = (rel_dir / name).as_posix()
-            if rel == README_FILE:
-                continue  # re-rendered as the dataset card in the final commit
-            size = path.stat().st_size
-            sha256, git_oid, xxh = _hash_file(path, size)
-            files[rel] = _LocalFile(rel, path, size, sha256, git_oid, xxh)
-    return files
-
-
-def _check_folder_sizes(files: Iterable[str]) -> None:
-    per_folder: dict[str, int] = {}
-    for rel in files:
-        folder = rel.rsplit("/", 1)[0] if "/" in rel else ""
-        per_folder[folder] = per_folder.get(folder, 0) + 1
-    crowded = {f or "/": n for f, n in per_folder.items() if n > MAX_FILES_PER_FOLDER}
-    if crowded:
-        raise PublishError(f"the Hub allows at most {MAX_FILES_PER_FOLDER} files per folder; this build has {crowded}: "
-                           "rebuild with larger shards")
-
-
-def _refuse_unverified(root: Path, local: dict[str, _LocalFile] | None) -> None:
-    """Refuse a build whose files differ from its ``hs_dataset.json``. ``local=None``: the quick check
-    (before hashing anything); else the full check, reusing the hashes of push's own read."""
-    digests = None if local is None else {rel: f.xxh3_128 for rel, f in local.items()}
-    report = verify_build(root, quick=local is None, digests=digests)
-    if not report.ok:
-        raise IntegrityError(f"refusing to push: {report.message()} Then push again.", report.problems)
-
-
-def _remote_files(api: HfApi, repo_id: str, revision: str) -> dict[str, RepoFile]:
-    return {
-        entry.path: entry
-        for entry in api.list_repo_tree(repo_id, repo_type=REPO_TYPE, revision=revision, recursive=True)
-        if isinstance(entry, RepoFile)
-    }
-
-
 def _chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-def _read_remote_text(api: HfApi, repo_id: str, path: str, revision: str) -> str | None:
-    try:
-        local = api.hf_hub_download(repo_id, path, repo_type=REPO_TYPE, revision=revision)
-    except (EntryNotFoundError, RevisionNotFoundError):
-        return None
-    return Path(local).read_text(encoding="utf-8")
-
-
-def _collect_history(api: HfApi, repo_id: str, revisions: Iterable[str]) -> list[dict]:
-    """Union of the histories embedded in the cards at ``revisions`` (deduplicated, in push order)."""
-    seen: dict[tuple, dict] = {}
-    for rev in dict.fromkeys(revisions):
-        text = _read_remote_text(api, repo_id, README_FILE, rev)
-        for entry in parse_history(text or ""):
-            key = (entry.get("version"), entry.get("pushed_at"), entry.get("previous_commit"))
-            seen.setdefault(key, entry)
-    return sorted(seen.values(), key=lambda e: str(e.get("pushed_at") or ""))
-
-
-def _fill_history_commits(history: list[dict], tags: dict[str, str]) -> None:
-    """Record which commit each earlier push of a version was tagged at, when known.
-
-    A push superseded by a later forced push of the same version was at that push's
-    ``previous_commit``; the latest earlier push of a version is where its tag points now.
-    """
-    for i, entry in enumerate(history[:-1]):
-        if entry.get("commit"):
-            continue
-        later = [e for e in history[i + 1:] if e.get("version") == entry.get("version")]
-        if later and later[0].get("force") and later[0].get("previous_commit"):
-            entry["commit"] = later[0]["previous_commit"]
-        elif not later and entry.get("version") in tags:
-            entry["commit"] = tags[entry["version"]]
 
 
 # ------------------------------------------------------------------------------------ publishing
@@ -308,14 +134,14 @@ def push_dataset(
         raise ValueError("commit_files must be >= 1")
     check_version_name(version)
     root, metadata, build_readme = read_build(local_dir)
-    _refuse_unverified(root, None)  # quick: a missing, extra or cut shard is refused before hashing
+    refuse_unverified(root, None)  # quick: a missing, extra or cut shard is refused before hashing
     secret = token or get_token()
     api = HfApi(endpoint=endpoint, token=token)
     work = f"{WORK_BRANCH_PREFIX}{version}"
 
-    local = _local_files(root)
-    _refuse_unverified(root, local)  # full, on the hashes of the upload's own read
-    _check_folder_sizes(local)
+    local = local_files(root)
+    refuse_unverified(root, local)  # full, on the hashes of the upload's own read
+    check_folder_sizes(local)
     check_uploads([(f.rel, f.path, f.size) for f in local.values()], secret, root / STATE_DIR, secrets,
                   max_bytes=REGULAR_MAX_SIZE)
 
@@ -337,7 +163,7 @@ def push_dataset(
     if previous is not None and branches.get(work) == previous and not force:
         # An earlier run tagged this version but stopped before updating main: finish it, provided the
         # tagged content is this build.
-        tagged = _remote_files(api, repo_id, previous)
+        tagged = remote_files(api, repo_id, previous)
         if all(f.same_as(tagged.get(rel)) for rel, f in local.items()) and set(tagged) - {README_FILE, *KEEP_REMOTE} == set(local):
             logger.info("version %s is tagged already; finishing the interrupted push", version)
             result.commit_sha = previous
@@ -361,7 +187,7 @@ def push_dataset(
         logger.info("resuming work branch %s at %s", work, head)
 
     # 3. uploads
-    remote = _remote_files(api, repo_id, head)
+    remote = remote_files(api, repo_id, head)
     to_upload = [f for rel, f in local.items() if not f.same_as(remote.get(rel))]
     result.skipped = [rel for rel, f in local.items() if f.same_as(remote.get(rel))]
     # data shards first, small metadata files last
@@ -395,12 +221,12 @@ def push_dataset(
         result.commits.append(head)
 
     pushed_at = _now()
-    history = _collect_history(api, repo_id, ["main", *tags.values()])
+    history = collect_history(api, repo_id, ["main", *tags.values()])
     entry: dict[str, Any] = {"version": version, "pushed_at": pushed_at, "force": result.forced}
     if result.forced:
         entry["previous_commit"] = result.previous_commit
     history.append(entry)
-    _fill_history_commits(history, tags)
+    fill_history_commits(history, tags)
     card = render_card(
         metadata,
         {
@@ -426,7 +252,7 @@ def push_dataset(
     result.commits.append(head)
 
     # verify the exact tree before tagging it
-    final = _remote_files(api, repo_id, head)
+    final = remote_files(api, repo_id, head)
     expected = set(local) | {README_FILE} | (set(final) & set(KEEP_REMOTE))
     wrong = sorted(rel for rel, f in local.items() if not f.same_as(final.get(rel)))
     if set(final) != expected or wrong:
@@ -452,11 +278,11 @@ def push_dataset(
 def _interrupted_force(api: HfApi, repo_id: str, head: str, version: str) -> str | None:
     """The commit a forced push of ``version`` was replacing, when the card on its work branch says
     so (a push killed after deleting the old tag); None otherwise."""
-    history = parse_history(_read_remote_text(api, repo_id, README_FILE, head) or "")
+    history = parse_history(read_remote_text(api, repo_id, README_FILE, head) or "")
     last = history[-1] if history else {}
     if not (last.get("version") == version and last.get("force") and last.get("previous_commit")):
         return None
-    if last in parse_history(_read_remote_text(api, repo_id, README_FILE, "main") or ""):
+    if last in parse_history(read_remote_text(api, repo_id, README_FILE, "main") or ""):
         return None  # an earlier, finished forced push (the work branch was made from main)
     return str(last["previous_commit"])
 
@@ -468,8 +294,8 @@ def _finish(api: HfApi, repo_id: str, version: str, commit: str, work: str, tags
     if not others or version_key(version) >= max(version_key(t) for t in others):
         refs = api.list_repo_refs(repo_id, repo_type=REPO_TYPE)
         main_head = {b.name: b.target_commit for b in refs.branches}["main"]
-        target = _remote_files(api, repo_id, commit)
-        current = _remote_files(api, repo_id, main_head)
+        target = remote_files(api, repo_id, commit)
+        current = remote_files(api, repo_id, main_head)
         operations: list = [
             CommitOperationCopy(src_path_in_repo=p, path_in_repo=p, src_revision=commit)
             for p, f in sorted(target.items())
@@ -487,26 +313,3 @@ def _finish(api: HfApi, repo_id: str, version: str, commit: str, work: str, tags
         api.delete_branch(repo_id, branch=work, repo_type=REPO_TYPE)
     except RevisionNotFoundError:
         pass
-
-
-def list_versions(repo_id: str, token: str | None = None, *, endpoint: str | None = None) -> list[VersionInfo]:
-    """Published versions (tags) of ``repo_id``, oldest first, with counts from their hs_dataset.json."""
-    api = HfApi(endpoint=endpoint, token=token)
-    refs = api.list_repo_refs(repo_id, repo_type=REPO_TYPE)
-    out = []
-    for tag in sorted(refs.tags, key=lambda t: version_key(t.name)):
-        text = _read_remote_text(api, repo_id, META_FILE, tag.target_commit)
-        metadata = None
-        if text is not None:
-            try:
-                metadata = json.loads(text)
-            except ValueError:
-                metadata = None
-        counts = (metadata or {}).get("counts") or {}
-        history = parse_history(_read_remote_text(api, repo_id, README_FILE, tag.target_commit) or "")
-        pushed = [e.get("pushed_at") for e in history if e.get("version") == tag.name]
-        out.append(VersionInfo(version=tag.name, commit_sha=tag.target_commit, samples=counts.get("written"),
-                               tokens=counts.get("tokens_written"), rejected=counts.get("rejected"),
-                               metadata=metadata, bytes=(metadata or {}).get("bytes"),
-                               pushed_at=pushed[-1] if pushed else None))
-    return out

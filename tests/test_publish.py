@@ -17,14 +17,9 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError
 
 from hs_dataset.card import parse_history, render_card, split_readme
-from hs_dataset.publish import (
-    NotABuildError,
-    PublishError,
-    VersionExistsError,
-    list_versions,
-    push_dataset,
-    version_key,
-)
+from hs_dataset.errors import NotABuildError, PublishError, VersionExistsError
+from hs_dataset.hub_versions import list_versions, version_key
+from hs_dataset.publish import push_dataset
 from tests.hub_server import running_hub
 from tests.hubtools import (
     build_with_real_builder,

@@ -15,7 +15,7 @@ import torch
 
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.conversations import parse_row
-from hs_dataset.errors import ConfigError
+from hs_dataset.errors import ConfigError, EmptyBuildError
 from hs_dataset.reader import iter_torch, open_dataset
 from hs_dataset.shard_writer import build
 from hs_dataset.sources import iter_source
@@ -105,9 +105,15 @@ def test_metadata_records_the_sampling(regen_build):
 
 
 def test_a_reply_cut_at_max_new_tokens_is_a_named_reject_by_default(tiny_model, tmp_path):
-    s = build(regen_config(tiny_model, generation={"max_new_tokens": 3}, max_samples=4), tmp_path / "o", progress=False)
+    try:
+        s = build(regen_config(tiny_model, generation={"max_new_tokens": 3}, max_samples=4), tmp_path / "o",
+                  progress=False)
+        written = s.counts.written
+        assert s.counts.samples_in == 4
+    except EmptyBuildError:  # every reply cut (the random model seldom ends a turn): nothing to load
+        written = 0
     rejects = [json.loads(x) for x in (tmp_path / "o" / "rejects.jsonl").read_text().splitlines()]
-    assert s.counts.samples_in == 4 == s.counts.written + s.counts.rejected and s.counts.rejected >= 1
+    assert written + len(rejects) == 4 and rejects
     for r in rejects:
         assert r["stage"] == "regenerate" and r["field"].startswith("messages[")
         assert "cut at 3 tokens without an end of turn" in r["reason"] and "on_length=keep" in r["reason"]

@@ -271,13 +271,13 @@ import os, signal
 import hs_dataset.shard_writer as B
 from hs_dataset.dataset_builder import HiddenStatesConfig
 seen = [0]
-row = B._Progress.row
+row = B.BuildProgress.row
 def kill_at_6(self, *a):
     row(self, *a)
     seen[0] += 1
     if seen[0] == 6:
         os.kill(os.getpid(), signal.SIGKILL)
-B._Progress.row = kill_at_6
+B.BuildProgress.row = kill_at_6
 cfg = HiddenStatesConfig(model={tiny_model!r}, layers=(0, 1, 2), source={str(DEMO)!r}, max_length=256, part_size=8,
                          max_samples=20, max_shard_bytes=100_000, writer_batch_bytes=1,
                          backend_options={{"device": "cpu"}})

@@ -54,7 +54,7 @@ def cmd_push(a: argparse.Namespace) -> int:
 
 def cmd_versions(a: argparse.Namespace) -> int:
     from ..hub_access import check_hub, hub_errors
-    from ..publish import list_versions
+    from ..hub_versions import list_versions
 
     check_hub(need_token=False)
     with hub_errors(repo_id=a.repo_id):

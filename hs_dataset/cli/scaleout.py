@@ -39,7 +39,7 @@ def scaleout_build(a: argparse.Namespace, config: HiddenStatesConfig, command: s
     """``hs-dataset build`` with ``--num-shards``/``--shard-index``/``--ray``: build, print, merge.
     -> whether ``a.output`` now holds the finished build (to push)."""
     if a.ray is not None:
-        from .ray_build import build_with_ray
+        from ..ray_build import build_with_ray
 
         if a.shard_index is not None:
             raise ConfigError("--ray builds every shard: leave out --shard-index")
