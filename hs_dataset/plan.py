@@ -24,8 +24,7 @@ from .layout import STORAGE_DTYPES
 from .records import Reject
 from .sources import count_rows
 
-__all__ = ["MEASURED_RATES", "BuildPlan", "MeasuredRate", "ROW_BYTES_PER_TOKEN", "estimate_rate", "plan_build",
-           "shard_parts"]
+__all__ = ["MEASURED_RATES", "BuildPlan", "MeasuredRate", "ROW_BYTES_PER_TOKEN", "estimate_rate", "plan_build"]
 
 ROW_BYTES_PER_TOKEN = 5  # input_ids (int32) + loss_mask (uint8), besides the states
 
@@ -43,8 +42,8 @@ class MeasuredRate:
 
 MEASURED_RATES = (
     MeasuredRate("H200", "DeepSeek-V3 architecture at Kimi-K2.5's width (hidden 7168, 6 layers, 8 experts)",
-                 7168, 6, 120_388),
-    MeasuredRate("H200", "8B-shaped Llama (hidden 4096, 32 layers)", 4096, 32, 40_939),
+                 7168, 6, 119_702),
+    MeasuredRate("H200", "8B-shaped Llama (hidden 4096, 32 layers)", 4096, 32, 39_965),
 )
 
 
@@ -54,15 +53,6 @@ def estimate_rate(info: ModelInfo) -> tuple[float, MeasuredRate] | None:
         if r.hidden_size == info.hidden_size:
             return r.tokens_per_second * r.num_layers / info.num_layers, r
     return None
-
-
-def shard_parts(num_parts: int, num_shards: int) -> list[list[int]]:
-    """The parts each of ``num_shards`` workers builds.
-
-    Round-robin by part (``p % num_shards``): a placeholder for the sharded-build split of issue 17,
-    which the plan should call instead once it exists.
-    """
-    return [[p for p in range(num_parts) if p % num_shards == k] for k in range(num_shards)]
 
 
 @dataclass
