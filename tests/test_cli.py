@@ -221,16 +221,23 @@ def test_plan_rejects_by_reason_and_dry_run_writes_nothing(tiny_model, mixed, tm
 
 def test_plan_time_estimate_uses_one_h200s_measured_rates():
     from hs_dataset.cli.plan import _rate_line
-    from hs_dataset.plan import BuildPlan, estimate_rate
+    from hs_dataset.plan import MEASURED_RATES, BuildPlan, estimate_rate
 
+    # the rates are the plain-prefill rows of the H200 benchmark results kept in the repository
+    results = ROOT / "benchmarks" / "results"
+    measured = {json.loads((results / f).read_text())["plain_tok_s"] for f in
+                ("2026-12-01-h200-kimi-width-run2.json", "2026-12-01-h200-llama8b-384.json")}
+    assert {r.tokens_per_second for r in MEASURED_RATES} == measured
+    kimi_rate = next(r.tokens_per_second for r in MEASURED_RATES if r.hidden_size == 7168)
+    llama_rate = next(r.tokens_per_second for r in MEASURED_RATES if r.hidden_size == 4096)
     kimi = ModelInfo("/m", None, "KimiK25ForConditionalGeneration", 7168, 61, 163840)
     rate, ref = estimate_rate(kimi)
-    assert rate == pytest.approx(120_388 * 6 / 61) and ref.gpu == "H200"
+    assert rate == pytest.approx(kimi_rate * 6 / 61) and ref.gpu == "H200"
     plan = BuildPlan(None, kimi, (3, 31, 59), 0, 0)  # type: ignore[arg-type]
     _, text = _rate_line(plan, None)
     assert "one H200's measured plain prefill" in text and "scaled by depth 6 -> 61" in text
     llama = ModelInfo("/m", None, "LlamaForCausalLM", 4096, 32, 128256)
-    assert estimate_rate(llama)[0] == 40_939
+    assert estimate_rate(llama)[0] == llama_rate
     assert estimate_rate(ModelInfo("/m", None, "X", 64, 4, 100)) is None
 
 
