@@ -120,8 +120,7 @@ def test_kimi_k25_wrapper_parity(models, tmp_path):
 def test_kimi_preset_builds_with_sglang_like_the_transformers_backend(models, tmp_path):
     """builder_scripts/kimi_eagle3_hs.py (trust_remote_code, SGLang) on the tiny Kimi-K2.5 directory, thinking
     conversations with an image row: the same rows (ids, masks from the tiktoken tokenizer) as the same
-    preset with the transformers backend, states within the parity tolerance. NOT RUN YET (written in a
-    session without a GPU)."""
+    preset with the transformers backend, states within the parity tolerance. Passed on the H200 on 2026-12-01."""
     from hs_dataset.cli import load_preset
     from hs_dataset.dataset_builder import HiddenStatesConfig
     from hs_dataset.reader import iter_torch, open_dataset
