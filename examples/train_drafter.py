@@ -30,6 +30,7 @@ from safetensors import safe_open
 from torch.utils.data import DataLoader
 
 from hs_dataset.reader import TORCH_FORMAT, DrafterCollator
+from hs_dataset.layout import layer_of
 
 
 class DraftHead(torch.nn.Module):
@@ -57,7 +58,7 @@ def target_weights(data: Path) -> tuple[torch.Tensor, torch.Tensor]:
     for f in sorted(model.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
             for k in st.keys():
-                if k.endswith("embed_tokens.weight") or k == "lm_head.weight":
+                if k.endswith("embed_tokens.weight") or k.endswith("lm_head.weight"):  # also language_model.*
                     tensors[k.split(".")[-2]] = st.get_tensor(k).float()
     return tensors["embed_tokens"], tensors.get("lm_head", tensors["embed_tokens"])  # tied: lm_head = embedding
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     torch.manual_seed(0)
 
     ds = load_dataset(str(a.data), split="train").with_format(TORCH_FORMAT)  # rows of bf16 tensors
-    layers = [c for c in ds.column_names if c.startswith("hidden_layer_")]
+    layers = [c for c in ds.column_names if layer_of(c) is not None]  # not the fp8 builds' *_scale columns
     embed, lm_head = target_weights(a.data)
     draft = DraftHead(embed.shape[1], len(layers), embed)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=a.lr)

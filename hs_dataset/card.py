@@ -69,10 +69,7 @@ def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format
 
 def render_readme(metadata: dict, output_dir: str) -> str:
     """A finished build's README.md: front matter + the card of the local (unpublished) build."""
-    counts = metadata.get("counts") or {}
-    fmt = (metadata.get("config") or {}).get("file_format", "arrow")
-    header = readme_header(metadata, int(counts.get("written", 0)), int(metadata.get("bytes", 0)), fmt)
-    return render_card(metadata, {"readme": header, "local_dir": output_dir})
+    return render_card(metadata, {"local_dir": output_dir})  # no readme given: the header is made from metadata
 
 
 def parse_history(readme: str) -> list[dict]:

@@ -119,14 +119,17 @@ class DrafterCollator:
         return {**self.__dict__, "_pool": {}}
 
     def _buffer(self, key: str, shape: tuple[int, ...]) -> torch.Tensor:
-        if self.reuse_buffers:
+        # a worker's batches go to the main process through shared memory and are never free again here:
+        # keeping one in the pool would only hold an extra batch of /dev/shm per worker
+        reuse = self.reuse_buffers and not _in_worker()
+        if reuse:
             t = self._pool.pop(key, None)
             if t is not None and tuple(t.shape) == shape and _unreferenced(t, python_refs=1):
                 self._pool[key] = t
                 return t
             del t
         t = empty_batch_tensor(shape, torch.bfloat16)
-        if self.reuse_buffers:
+        if reuse:
             self._pool[key] = t
         return t
 

@@ -131,8 +131,10 @@ class SafeViews:
         if not self._linux:
             return _COPY
         k = bisect.bisect_right(self._starts, addr) - 1
-        if k < 0 or addr + nbytes > self._ranges[k][0]:
-            return None
+        if k < 0 or addr >= self._ranges[k][0]:
+            return None  # in no file mapping
+        if addr + nbytes > self._ranges[k][0]:
+            return _COPY  # runs past this mapping's line (a mapping split in two): a copy, never a bare view
         end, file_off, inode, path = self._ranges[k]
         fd = self._fds.get((path, inode))
         if fd is None:

@@ -9,7 +9,6 @@ for its sha256 (LFS), git blob id (regular files) and xxh3-128 (the build's own 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,8 @@ import xxhash
 from huggingface_hub.hf_api import RepoFile
 
 from .errors import IntegrityError, NotABuildError, PublishError
-from .layout import DATA_DIR, META_FILE, README_FILE, STATE_DIR
-from .verify import verify_build
+from .layout import DATA_DIR, README_FILE, STATE_DIR
+from .verify import read_meta, verify_build
 
 __all__ = ["EXCLUDED_DIRS", "MAX_FILES_PER_FOLDER", "REGULAR_MAX_SIZE", "LocalFile", "check_folder_sizes",
            "local_files", "read_build", "refuse_unverified"]
@@ -68,18 +67,10 @@ def read_build(local_dir: str | os.PathLike) -> tuple[Path, dict, str]:
     root = Path(local_dir)
     if not root.is_dir():
         raise NotABuildError(f"{root} is not a directory")
-    missing = [name for name in (META_FILE, README_FILE) if not (root / name).is_file()]
-    if missing:
-        raise NotABuildError(
-            f"{root} is not a finished hs_dataset build: missing {', '.join(missing)} "
-            "(run or resume the build until it completes before publishing)"
-        )
-    try:
-        metadata = json.loads((root / META_FILE).read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise NotABuildError(f"{root / META_FILE} is not valid JSON: {exc}") from None
-    if not isinstance(metadata, dict):
-        raise NotABuildError(f"{root / META_FILE} must hold a JSON object")
+    metadata = read_meta(root)
+    if not (root / README_FILE).is_file():
+        raise NotABuildError(f"{root} is not a finished hs_dataset build: no {README_FILE} (run or resume the build "
+                             "until it completes before publishing)")
     data_dir = root / DATA_DIR
     if not data_dir.is_dir() or not any(p.is_file() for p in data_dir.rglob("*")):
         raise NotABuildError(f"{root} is not a finished hs_dataset build: no data files under data/")

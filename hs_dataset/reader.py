@@ -163,12 +163,10 @@ def open_dataset(path: str | os.PathLike):
 
 def _checked_listing(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A local build's metadata and shards, once ``data/`` is checked to hold exactly them."""
-    from .verify import VerifyReport, check_listing, read_meta, recorded_shards
+    from .verify import VerifyReport, check_listing, data_files, read_meta, recorded_shards
 
     meta = read_meta(root)
-    data = root / DATA_DIR
-    present = {p.name: p.stat().st_size for p in data.iterdir() if p.is_file()} if data.is_dir() else {}
-    problems, rows = check_listing(meta, present, str(root))
+    problems, rows = check_listing(meta, data_files(root), str(root))
     shards = recorded_shards(meta, str(root))
     VerifyReport(str(root), True, len(shards), rows, problems,
                  repair=f"Refusing to read it: run `hs-dataset verify {root}`, then the build again to repair it."
@@ -177,7 +175,7 @@ def _checked_listing(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def load_verified(path_or_repo: str | os.PathLike, *, revision: str | None = None, split: str = "train",
-                  streaming: bool = False, token: str | None = None, endpoint: str | None = None, **kwargs: Any):
+                  streaming: bool = False, token: str | None = None, **kwargs: Any):
     """``load_dataset`` of a published version (or a local build), after checking that its shards are
     exactly the ones its ``hs_dataset.json`` records (names, sizes, rows add up): the check that
     ``streaming=True`` cannot make itself. A local build, map-style, is :func:`open_dataset`.
@@ -186,7 +184,8 @@ def load_verified(path_or_repo: str | os.PathLike, *, revision: str | None = Non
         path_or_repo: a build directory, or a dataset repo id (``org/name``).
         revision: the version (tag) of a repo; the check and the load read the same commit.
         split, streaming, kwargs: passed to ``datasets.load_dataset``.
-        token, endpoint: for the Hub.
+        token: for the Hub. The Hub is ``HF_ENDPOINT``'s (``datasets.load_dataset`` reads no other), so the
+            check and the load reach the same one.
 
     Raises:
         IntegrityError: a shard is missing, extra or of another size (names them).
@@ -202,7 +201,7 @@ def load_verified(path_or_repo: str | os.PathLike, *, revision: str | None = Non
         return datasets.load_dataset(str(root), split=split, streaming=True, **kwargs)
     from .verify import verify_repo
 
-    report = verify_repo(str(path_or_repo), revision=revision, quick=True, token=token, endpoint=endpoint)
+    report = verify_repo(str(path_or_repo), revision=revision, quick=True, token=token)
     report.raise_if_bad()
     return datasets.load_dataset(str(path_or_repo), revision=report.commit, split=split, streaming=streaming,
                                  token=token, **kwargs)
@@ -228,19 +227,28 @@ def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
     mapped = isinstance(ds, datasets.Dataset)
     if prefetch > 0 and not mapped:
         tables = _read_ahead(tables, prefetch)
-    rows = _decoded_rows(tables, cols, SafeViews(populate=mapped and prefetch > 0))
+    rows = _decoded_rows(tables, cols, populate=mapped and prefetch > 0, per_table=not mapped)
     if prefetch > 0 and mapped:
         rows = _read_ahead(rows, prefetch * READ_AHEAD_BYTES, cost=_state_bytes)
     yield from rows
 
 
-def _decoded_rows(tables: Iterable[pa.Table], columns: list[str] | None, views: SafeViews) -> Iterator[dict[str, Any]]:
+def _decoded_rows(tables: Iterable[pa.Table], columns: list[str] | None, *, populate: bool,
+                  per_table: bool) -> Iterator[dict[str, Any]]:
+    """``per_table``: a fresh :class:`SafeViews` (a fresh read of the process's mappings) for each table, for
+    streaming, where file mappings can come and go between batches and an address can change hands."""
+    views: SafeViews | None = None
     try:
         for table in tables:
+            if views is None or per_table:
+                if views is not None:
+                    views.close()
+                views = SafeViews(populate=populate)
             for i in range(table.num_rows):
                 yield decode_row(table, i, columns, views=views)
     finally:
-        views.close()
+        if views is not None:
+            views.close()
 
 
 def _state_bytes(row: dict[str, Any]) -> int:

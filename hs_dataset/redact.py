@@ -253,7 +253,8 @@ def check_uploads(files: Iterable[tuple[str, Path, int]], token: str | None, sta
     """Refuse (:class:`~hs_dataset.errors.SecretLeakError`) a file about to be uploaded that holds the
     HF ``token``, a value of ``secrets``, or a value the build redacted (the digests in ``state``,
     matched in every file but the data shards). ``files``: ``(path in the repo, local path, bytes)``;
-    files of ``max_bytes`` or more (data shards, stored with LFS) are not read.
+    data shards of ``max_bytes`` or more (stored with LFS) are not read; every other file is, whatever its
+    size (a large ``rejects.jsonl`` too).
     """
     from .errors import SecretLeakError
 
@@ -261,7 +262,7 @@ def check_uploads(files: Iterable[tuple[str, Path, int]], token: str | None, sta
     plain += [("a credential given to push", v) for v in secrets if v]
     registry = load_redacted(state)
     for rel, path, size in files:
-        if size >= max_bytes:
+        if size >= max_bytes and rel.startswith("data/"):
             continue
         where = find_secret(path.read_bytes(), plain, None if rel.startswith("data/") else registry)
         if where is not None:

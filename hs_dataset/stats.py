@@ -99,6 +99,39 @@ def _sample_rows(n: int, k: int) -> list[int]:
     return sorted({int(round(i * (n - 1) / max(k - 1, 1))) for i in range(k)})
 
 
+class _Running:
+    """Mean, std, absmax and non-finite count of the finite values, and each token's L2 norm, added a row at a time."""
+
+    def __init__(self) -> None:
+        self.n = self.nonfinite = self.total = 0
+        self.sum = self.sumsq = 0.0
+        self.absmax = float("-inf")
+        self.norms: list[np.ndarray] = []
+
+    def add(self, t) -> None:
+        import torch
+
+        x = t.float()
+        finite = torch.isfinite(x)
+        bad = int(x.numel() - int(finite.sum()))
+        if bad:
+            x = torch.where(finite, x, 0)
+        self.nonfinite += bad
+        self.total += x.numel()
+        self.n += x.numel() - bad
+        self.sum += float(x.sum(dtype=torch.float64))
+        self.sumsq += float(x.square().sum(dtype=torch.float64))
+        if x.numel():
+            self.absmax = max(self.absmax, float(x.abs().max()))
+        self.norms.append(x.norm(dim=1).numpy().astype(np.float32))
+
+    def result(self, column: str) -> StateStats:
+        mean = self.sum / self.n if self.n else float("nan")
+        var = (self.sumsq - self.sum * mean) / (self.n - 1) if self.n > 1 else 0.0
+        return StateStats(column, mean, float(np.sqrt(max(var, 0.0))), self.absmax if self.n else float("nan"),
+                          self.nonfinite, self.total, np.concatenate(self.norms) if self.norms else np.zeros(0, np.float32))
+
+
 def build_stats(out: str | Path, *, sample_rows: int = 32) -> BuildStats:
     """Statistics of the finished build in ``out`` (see the module docstring).
 
@@ -109,7 +142,7 @@ def build_stats(out: str | Path, *, sample_rows: int = 32) -> BuildStats:
     import pyarrow.compute as pc
     import torch
 
-    from .reader import decode_row, open_dataset, state_columns_of
+    from .reader import decode_row, open_dataset
 
     ds = open_dataset(out)
     table: pa.Table = ds.data.table  # the memory-mapped shards; only the columns read are paged in
@@ -118,22 +151,14 @@ def build_stats(out: str | Path, *, sample_rows: int = 32) -> BuildStats:
     masked = sum(int(pc.sum(chunk.flatten()).as_py() or 0) for chunk in mask.chunks)
     picked = _sample_rows(len(ds), sample_rows)
     arrow = ds.with_format("arrow")
-    per_column: dict[str, list[torch.Tensor]] = {}
+    acc: dict[str, _Running] = {}  # running totals, one row's states at a time (Kimi rows are ~100 MB each)
     for i in picked:
         row_table: pa.Table = arrow[i]
-        for col, t in decode_row(row_table, 0, state_columns_of(row_table)).items():
+        for col, t in decode_row(row_table, 0).items():
             if isinstance(t, torch.Tensor) and t.dim() == 2:
-                per_column.setdefault(col, []).append(t.float())
+                acc.setdefault(col, _Running()).add(t)
     stats = BuildStats(len(ds), lengths, masked, picked)
-    for col, tensors in per_column.items():
-        x = torch.cat(tensors)
-        finite = torch.isfinite(x)
-        v = x[finite]
-        norms = torch.where(finite, x, 0).norm(dim=1).numpy().astype(np.float32)
-        stats.states.append(StateStats(col, float(v.mean()) if v.numel() else float("nan"),
-                                       float(v.std()) if v.numel() > 1 else 0.0,
-                                       float(v.abs().max()) if v.numel() else float("nan"),
-                                       int((~finite).sum()), int(x.numel()), norms))
+    stats.states.extend(r.result(col) for col, r in acc.items())
     return stats
 
 

@@ -27,7 +27,7 @@ from .checksums import HASH_KEY, check_shard
 from .errors import IntegrityError, NotABuildError
 from .layout import DAMAGED_FILE, DATA_DIR, META_FILE, SHARD_RE, STATE_DIR
 
-__all__ = ["Problem", "VerifyReport", "check_files", "check_listing", "mark_damaged", "read_meta", "recorded_shards",
+__all__ = ["Problem", "VerifyReport", "check_files", "check_listing", "data_files", "mark_damaged", "read_meta", "recorded_shards",
            "verify_build", "verify_repo"]
 
 
@@ -131,7 +131,8 @@ def check_listing(meta: dict[str, Any], present: dict[str, int], where: str) -> 
     return problems, rows
 
 
-def _data_files(root: Path) -> dict[str, int]:
+def data_files(root: Path) -> dict[str, int]:
+    """Every file under ``root/data`` (its path there, subfolders included) with its size."""
     data = root / DATA_DIR
     if not data.is_dir():
         return {}
@@ -144,7 +145,7 @@ def check_files(root: Path, meta: dict[str, Any], *, quick: bool,
     the listing (:func:`check_listing`), then each shard's size, rows and content hash (``quick``: first
     and last MiB instead of the hash). ``meta`` may be a shard's part records gathered
     (:mod:`hs_dataset.merge`). -> (problems, recorded rows)."""
-    problems, rows = check_listing(meta, _data_files(root), str(root))
+    problems, rows = check_listing(meta, data_files(root), str(root))
     named = {p.path for p in problems}
     for s in recorded_shards(meta, str(root)):
         rel = f"{DATA_DIR}/{s['name']}"

@@ -229,22 +229,13 @@ def expected_table(rows: list[dict]):
 def build_with_real_builder(out_dir: str | os.PathLike, *, max_samples: int = 12, layers: tuple[int, ...] = (0, 1, 2),
                             source: str | os.PathLike | None = None, model_dir: str | os.PathLike | None = None,
                             build_command: str = "hs-dataset build (e2e test)", **config: Any) -> Path:
-    """End-to-end hook: build ``out_dir`` with the project's real builder (tiny random Llama, CPU).
+    """End-to-end hook: build ``out_dir`` with the project's real builder (tiny random Llama, CPU)."""
+    from hs_dataset.dataset_builder import HiddenStatesConfig
+    from hs_dataset.shard_writer import build
+    from hs_dataset.tiny import make_tiny_model_dir
 
-    Skips (instead of failing) while the builder or its demo data are not in the checkout.
-    """
-    import pytest
-
-    try:
-        from hs_dataset.shard_writer import build
-        from hs_dataset.dataset_builder import HiddenStatesConfig
-        from hs_dataset.tiny import make_tiny_model_dir
-    except Exception as exc:  # pragma: no cover - depends on the builder being present
-        pytest.skip(f"real builder not available: {exc}")
     root = Path(__file__).resolve().parent.parent
     source = Path(source or root / "builder_scripts" / "data" / "demo_conversations.jsonl")
-    if not source.is_file():  # pragma: no cover
-        pytest.skip(f"demo source {source} not available")
     out = Path(out_dir)
     model = make_tiny_model_dir(Path(model_dir or out.parent / "tiny-model"), template="chatml", seed=0)
     cfg = HiddenStatesConfig(model=str(model), layers=tuple(layers), source=str(source), max_length=256, part_size=8,

@@ -53,6 +53,7 @@ def test_export_writes_specforges_offline_layout(interop_ds, tmp_path):
         assert d["input_ids"].dtype == d["loss_mask"].dtype == torch.int64
         assert d["hidden_state"].shape == (1, T, H) and d["aux_hidden_state"].shape == (1, T, 3 * H)
         assert torch.equal(d["input_ids"], r["input_ids"].long())
+        assert torch.equal(d["loss_mask"], r["loss_mask"].long())
         assert torch.equal(bits(d["hidden_state"][0]), bits(r["hidden_final"]))
         for j, k in enumerate(LAYERS):
             assert torch.equal(bits(d["aux_hidden_state"][0, :, j * H:(j + 1) * H]), bits(r[f"hidden_layer_{k}"]))

@@ -192,6 +192,7 @@ def test_vllm_files_import_with_the_right_labels(fp8, interop_pre_ds, tiny_norm_
     # vLLM's default ids [2, L//2, L-3] + [L] do not fit 4 layers: the ids used were [1, 2, 4] = ours + 1
     import_dataset(tmp_path / "data", "speculators", tmp_path / "back", model=tiny_norm_model, layers=PRE_LAYERS)
     got = rows(tmp_path / "back")
+    assert len(got) == len(ours)  # every file imported, none rejected
     weight = load_file(str(Path(tiny_norm_model) / "model.safetensors"))["model.norm.weight"]
     assert not torch.all(weight == 1)  # a model on which the norm is more than a scale
     theirs = FP8Transfer(tmp_path / "data" / "hidden_states")  # speculators' reader of both kinds of files
@@ -273,7 +274,9 @@ def test_modelopt_hf_dump_imports_with_the_right_labels(tiny_model, tmp_path, mo
     item = modelopt_eagle_utils.OfflineSupervisedDataset([str(tmp_path / "mo" / "conv-0.pt")])[0]
     assert item["base_hidden_prenorm"] is False  # ModelOpt's reading: post-norm
     import_dataset(tmp_path / "mo", "modelopt", tmp_path / "back", model=tiny_model, layers=aux_ids)
-    for d, g in zip(dumps, rows(tmp_path / "back")):
+    back = rows(tmp_path / "back")
+    assert len(back) == len(dumps)  # every dump imported, none rejected
+    for d, g in zip(dumps, back):
         assert g["id"] == d["conversation_id"]
         assert _eq(g["hidden_final"], d["hidden_states"])
         for j, k in enumerate(aux_ids):

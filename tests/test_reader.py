@@ -3,6 +3,7 @@ TORCH_FORMAT ``datasets`` format, the packed collator, the README snippet and th
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -187,6 +188,12 @@ def test_readme_load_for_training_snippet_runs_verbatim_on_the_demo_build(demo):
     script.write_text(code)
     r = subprocess.run([sys.executable, str(script)], cwd=demo.parent, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    shapes = ast.literal_eval(r.stdout.strip().splitlines()[-1])  # the batch's shapes, as the README says
+    meta = json.loads((demo / "hs_dataset.json").read_text())
+    H, n = meta["model"]["hidden_size"], len(meta["layers"])
+    B, T = shapes["input_ids"]
+    assert B == 4 and shapes["loss_mask"] == (B, T) and shapes["hidden_states"] == (B, T, H)
+    assert shapes["aux_hidden_states"] == (B, T, n * H)
 
 
 def test_drafter_training_example_loss_falls(demo, tmp_path):

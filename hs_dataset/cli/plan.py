@@ -130,5 +130,6 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--tok-per-s", type=_positive(float), metavar="N",
                    help="prefill tokens/s of your engine, for the time estimate (default: a measured H200 figure "
                         "for the model's shape, where there is one)")
-    p.add_argument("--num-shards", type=_positive(int), metavar="N", help="also print the split over N workers")
+    p.add_argument("--num-shards", metavar="N|auto", help="also print the split over N workers (auto: the launcher's "
+                                                         "count, SLURM_ARRAY_TASK_COUNT or torchrun's WORLD_SIZE)")
     p.set_defaults(fn=cmd_plan)
