@@ -36,8 +36,8 @@ from .errors import ShardError
 from .layout import DATA_DIR, REDACTED_FILE, SHARD_FILE, SHARDS_DIR, STATE_DIR
 from .records import Counts
 from .redact import redact_command, redact_text
-from .resume import (atomic_write, check_resume, fsync_dir, fsync_file, invalidate_finished, lock_output, part_record,
-                     recover)
+from .resume import (atomic_write, check_resume, fsync_dir, fsync_file, invalidate_finished, lock_output, part_ranges,
+                     part_record, recover)
 from .scaleout import ShardSpec, read_shard, shard_dir, shard_parts, single_worker_command
 from .verify import check_files, mark_damaged
 
@@ -237,7 +237,7 @@ def _assemble(out: Path, shards: list[tuple[Path, dict, Any]], first: dict[str, 
     if redacted.is_file():
         atomic_write(state / REDACTED_FILE, redacted.read_text(encoding="utf-8"))
     rows, size = int(first["plan"]["rows"]), int(first["plan"]["part_size"])
-    parts = [(i, s, min(s + size, rows)) for i, s in enumerate(range(0, rows, size))]
+    parts = part_ranges(rows, size)
     done = recover(out, state, parts)
     if done != set(range(len(parts))):
         raise RuntimeError(f"{out}: parts {sorted(set(range(len(parts))) - done)} did not survive the merge; "

@@ -22,6 +22,7 @@ from .config import HiddenStatesConfig
 from .encode import bytes_per_token
 from .layout import STORAGE_DTYPES
 from .records import Reject
+from .resume import part_ranges
 from .sources import count_rows
 
 __all__ = ["MEASURED_RATES", "BuildPlan", "MeasuredRate", "ROW_BYTES_PER_TOKEN", "estimate_rate", "plan_build"]
@@ -113,8 +114,9 @@ def plan_build(config: HiddenStatesConfig) -> BuildPlan:
     layers = check_layers(config.layers, info)
     check_backend_options(config.backend, dict(config.backend_options, trust_remote_code=config.trust_remote_code))
     source_rows = count_rows(config.source)
-    rows = source_rows if config.max_samples is None else min(source_rows, config.max_samples)
-    n_parts = -(-rows // config.part_size)
+    rows = source_rows if config.max_samples is None else min(source_rows, config.max_samples)  # as rows_to_build
+    ranges = part_ranges(rows, config.part_size)
+    n_parts = len(ranges)
     plan = BuildPlan(config, info, layers, source_rows, rows, part_samples=[0] * n_parts, part_tokens=[0] * n_parts)
     cfg = config
     if config.responses == "regenerate":
@@ -127,8 +129,7 @@ def plan_build(config: HiddenStatesConfig) -> BuildPlan:
     def reject(_index: int, r: Reject) -> None:
         plan.rejects.append(r)
 
-    ranges = [(s, min(s + config.part_size, rows)) for s in range(0, rows, config.part_size)]
-    for index, sample in tokenized_samples(cfg, _ModelInfoOnly(info), ranges, reject):  # type: ignore[arg-type]
+    for index, sample in tokenized_samples(cfg, _ModelInfoOnly(info), [(s, e) for _, s, e in ranges], reject):  # type: ignore[arg-type]
         p = index // config.part_size
         plan.lengths.append(sample.num_tokens)
         plan.masked_tokens += int(sample.loss_mask.sum())

@@ -29,7 +29,8 @@ from .layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE
 from .redact import redact_text
 
 __all__ = ["RESUMABLE_CHANGES", "atomic_write", "check_resume", "check_shrink", "damaged_parts", "fsync_dir",
-           "fsync_file", "invalidate_finished", "lock_output", "output_error", "part_files", "part_record", "recover"]
+           "fsync_file", "invalidate_finished", "lock_output", "output_error", "part_files", "part_ranges", "part_record",
+           "recover"]
 
 logger = logging.getLogger(__name__)
 
@@ -266,6 +267,12 @@ def check_resume(state: Path, key: dict[str, Any]) -> None:
         raise ConfigMismatchError(
             f"{state.parent} holds a build made with another configuration ({details}). Refusing to mix "
             "rows: use a new --output directory, or delete this one to start over.")
+
+
+def part_ranges(rows: int, part_size: int) -> list[tuple[int, int, int]]:
+    """The parts of a build of ``rows`` source rows: ``(index, first row, end row)``, ``part_size`` rows each
+    (the last one shorter): the unit of resume, of a shard's share and of the plan."""
+    return [(i, s, min(s + part_size, rows)) for i, s in enumerate(range(0, rows, part_size))]
 
 
 def check_shrink(out: Path, state: Path, rows: int, allow: bool) -> None:

@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # kept out of the import: the command line imports this modul
 
 __all__ = ["ShardSpec", "begin_shard", "build_shard", "count_parts", "finish_shard", "launcher_shard",
            "merge_if_complete", "parse_count", "pin_local_gpus", "read_shard", "resolve_shard", "shard_dir",
-           "shard_parts", "single_worker_command", "worker_resources"]
+           "shard_count", "shard_parts", "single_worker_command", "worker_resources"]
 
 
 @dataclass(frozen=True)
@@ -82,12 +82,10 @@ def shard_parts(n_parts: int, num_shards: int) -> list[list[int]]:
 
 def count_parts(config: HiddenStatesConfig) -> int:
     """How many parts a build of ``config`` has (its source's rows, at most ``max_samples``, per ``part_size``)."""
-    from .sources import count_rows
+    from .resume import part_ranges
+    from .sources import rows_to_build
 
-    rows = count_rows(config.source)
-    if config.max_samples is not None:
-        rows = min(rows, config.max_samples)
-    return -(-rows // config.part_size)
+    return len(part_ranges(rows_to_build(config.source, config.max_samples), config.part_size))
 
 
 def shard_dir(out: str | os.PathLike, spec: ShardSpec) -> Path:
@@ -142,6 +140,21 @@ def parse_count(num_shards: str | int) -> int:
     return count
 
 
+def shard_count(num_shards: str | int, env: Mapping[str, str] | None = None) -> int:
+    """The number of ``--num-shards N|auto`` (auto: the launcher's count).
+
+    Raises:
+        ConfigError: not a number of at least 1, or auto with no launcher.
+    """
+    if str(num_shards) != "auto":
+        return parse_count(num_shards)
+    launched = launcher_shard(env)
+    if launched is None:
+        raise ConfigError("--num-shards auto takes the count from a launcher (SLURM_ARRAY_TASK_COUNT of a Slurm job "
+                          "array, torchrun's WORLD_SIZE) and none is set: pass --num-shards N --shard-index I")
+    return launched[1]
+
+
 def resolve_shard(num_shards: str | int | None, shard_index: int | None,
                   env: Mapping[str, str] | None = None) -> ShardSpec:
     """This worker's shard from ``--num-shards N|auto`` and ``--shard-index I``, the launcher filling in the rest.
@@ -152,13 +165,8 @@ def resolve_shard(num_shards: str | int | None, shard_index: int | None,
     launched = launcher_shard(env)
     if num_shards is None:
         raise ConfigError("--shard-index needs --num-shards N (or --num-shards auto under a launcher)")
-    if str(num_shards) == "auto":
-        if launched is None:
-            raise ConfigError("--num-shards auto takes the count from a launcher (SLURM_ARRAY_TASK_COUNT of a Slurm job "
-                              "array, torchrun's WORLD_SIZE) and none is set: pass --num-shards N --shard-index I")
-        count = launched[1]
-    else:
-        count = parse_count(num_shards)
+    count = shard_count(num_shards, env)
+    if str(num_shards) != "auto":
         if launched is not None and shard_index is None and launched[1] != count:
             raise ConfigError(f"--num-shards {count} but the {launched[2]} has {launched[1]} workers: make them equal "
                               "(or use --num-shards auto)")

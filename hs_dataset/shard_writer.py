@@ -54,9 +54,9 @@ from .progress import BuildProgress
 from .records import Counts
 from .redact import record_redacted, redact, redact_command
 from .resume import (atomic_write, check_resume, check_shrink, fsync_dir, fsync_file, invalidate_finished,
-                     lock_output, output_error, part_files, part_record, recover)
+                     lock_output, output_error, part_files, part_ranges, part_record, recover)
 from .scaleout import ShardSpec, begin_shard, finish_shard
-from .sources import count_rows, source_fingerprint
+from .sources import rows_to_build, source_fingerprint
 
 __all__ = ["BuildLockedError", "BuildSummary", "ConfigMismatchError", "OutputWriteError", "build"]
 
@@ -121,15 +121,12 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         check_resume(state, key)
         record_redacted(state, secrets)  # salted digests only: push scans its uploads for them
 
-        n = count_rows(config.source)
-        if config.max_samples is not None:
-            n = min(n, config.max_samples)
+        n = rows_to_build(config.source, config.max_samples)
         ext = config.file_format
-        parts = [(i, s, min(s + config.part_size, n)) for i, s in enumerate(range(0, n, config.part_size))]
+        parts = part_ranges(n, config.part_size)
+        check_shrink(out, state, n, allow_shrink)  # before recover, which would drop the rows beyond n
         if shard is not None:  # one worker's share of the parts (hs_dataset.scaleout)
             parts = begin_shard(state, shard, parts, n, config, info, layers, build_command)
-        else:
-            check_shrink(out, state, n, allow_shrink)  # before recover, which would drop the rows beyond n
         done = recover(out, state, parts)
         todo = [p for p in parts if p[0] not in done]
         bar = BuildProgress(sum(p[2] - p[1] for p in parts), sum(p[2] - p[1] for p in parts if p[0] in done), progress,

@@ -35,6 +35,7 @@ from .records import SourceRow
 __all__ = [
     "BadRow",
     "count_rows",
+    "rows_to_build",
     "iter_source",
     "source_fingerprint",
     "source_name",
@@ -314,6 +315,12 @@ def _iter_json(spec: _Spec, start: int, stop: int | None, sample_id: str) -> Ite
     end = len(rows) if stop is None else min(stop, len(rows))
     for index in range(start, end):
         yield _make_row(spec.name, index, rows[index], sample_id)
+
+
+def rows_to_build(source: str | os.PathLike[str], max_samples: int | None) -> int:
+    """The source rows a build reads: all of :func:`count_rows`, at most ``max_samples``."""
+    rows = count_rows(source)
+    return rows if max_samples is None else min(rows, max_samples)
 
 
 def count_rows(source: str | os.PathLike[str]) -> int:

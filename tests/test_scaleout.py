@@ -329,3 +329,18 @@ def test_ray_two_workers_one_killed_mid_shard_and_retried(tiny_model, single, tm
     assert resumed and int(resumed.group(2)) >= 1 and int(resumed.group(1)) + int(resumed.group(2)) == 3, printed
     assert "merged 2 shards (6 parts)" in printed
     same_build(single, out)
+
+
+def test_a_merged_build_gets_the_reject_rate_check_of_a_single_worker(tiny_model, tmp_path, monkeypatch, capsys):
+    """The worker that merges checks --max-reject-rate on the merged counts, as one worker's build does."""
+    script = write_script(tmp_path / "tiny.py", tiny_model)
+    out = tmp_path / "out"
+    many = ["--set", "max_length=100", "--set", "truncation=reject", "--no-progress"]  # many demo rows are longer
+    assert run_cli(monkeypatch, ["build", str(script), "-o", str(out), "--num-shards", "2", "--shard-index", "0",
+                                 *many]) == 0  # one shard: nothing merged, nothing to check yet
+    assert run_cli(monkeypatch, ["build", str(script), "-o", str(out), "--num-shards", "2", "--shard-index", "1",
+                                 *many]) == 2  # the last one merged: the merged build fails the check
+    err = capsys.readouterr().err
+    assert "more than --max-reject-rate 0.1" in err and (out / META_FILE).exists(), err
+    rejected = sum(1 for _ in (out / "rejects.jsonl").open())
+    assert f"{rejected} of 24 samples rejected" in err

@@ -45,24 +45,24 @@ def cmd_build(a: argparse.Namespace) -> int:
             raise ConfigError("--push needs --version, e.g. --push org/name --version v1.0")
         check_hub(need_token=True)  # before the build, not after its GPU hours
     if wants_scaleout(a):  # --num-shards / --shard-index / --ray: one worker of many (cli/scaleout.py)
-        if scaleout_build(a, config, command_line()) and a.push:  # the worker that merged pushes
-            from .hub import push
-
-            push(a.output, a.push, a.version, force=a.force)
-        return 0
-    try:
-        s = build(config, a.output, progress=not a.no_progress, build_command=command_line(),
-                  allow_shrink=a.allow_shrink)
-    except EmptyBuildError:
-        rejects = read_rejects(a.output)
-        if rejects:
-            print_rejects(rejects, len(rejects), file=sys.stderr)
-        raise
-    c = s.counts
-    print(f"built {s.output_dir}: {c.written:,} samples written, {c.rejected:,} rejected (of {c.samples_in:,}), "
-          f"{c.tokens_written:,} tokens, {size(s.bytes_written)} in {s.seconds:.1f}s "
-          f"({s.parts_built} parts built, {s.parts_skipped} already done)")
-    if c.rejected:
+        merged = scaleout_build(a, config, command_line())
+        if merged is None:  # this worker's shard is built; the worker of the last one merges (and pushes)
+            return 0
+        c = merged.counts
+    else:
+        try:
+            s = build(config, a.output, progress=not a.no_progress, build_command=command_line(),
+                      allow_shrink=a.allow_shrink)
+        except EmptyBuildError:
+            rejects = read_rejects(a.output)
+            if rejects:
+                print_rejects(rejects, len(rejects), file=sys.stderr)
+            raise
+        c = s.counts
+        print(f"built {s.output_dir}: {c.written:,} samples written, {c.rejected:,} rejected (of {c.samples_in:,}), "
+              f"{c.tokens_written:,} tokens, {size(s.bytes_written)} in {s.seconds:.1f}s "
+              f"({s.parts_built} parts built, {s.parts_skipped} already done)")
+    if c.rejected:  # the same check for a single worker's build and a merged one
         rejects = read_rejects(a.output)
         too_many = c.rejected > a.max_reject_rate * c.samples_in
         print_rejects(rejects, c.samples_in, most=8 if too_many else 3, file=sys.stderr if too_many else sys.stdout)

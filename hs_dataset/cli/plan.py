@@ -7,7 +7,6 @@ import argparse
 
 import numpy as np
 
-from ..errors import ConfigError
 from .options import add_config_args, make_config
 from .render import histogram, print_rejects, size, table
 
@@ -41,25 +40,10 @@ def _rate_line(plan, given: float | None) -> tuple[float | None, str]:
                   f"{ref.shape}{scaled}; pass --tok-per-s N for your own")
 
 
-def _shard_count(n: str | int | None) -> int | None:
-    """``--num-shards N|auto`` as a number (auto: the launcher's count), None without it."""
-    from ..scaleout import launcher_shard, parse_count
-
-    if n is None:
-        return None
-    if str(n) == "auto":
-        launched = launcher_shard()
-        if launched is None:
-            raise ConfigError("--num-shards auto takes the count from a launcher (SLURM_ARRAY_TASK_COUNT, torchrun's "
-                              "WORLD_SIZE) and none is set: pass --num-shards N")
-        return launched[1]
-    return parse_count(n)
-
-
 def show_plan(config, a: argparse.Namespace) -> int:
     """Print the plan of ``config`` (``a``: ``tok_per_s``, ``num_shards`` where the command has them)."""
     from ..plan import plan_build
-    from ..scaleout import shard_parts
+    from ..scaleout import shard_count, shard_parts
 
     p = plan_build(config)
     lengths = np.asarray(p.lengths, dtype=np.int64)
@@ -93,7 +77,7 @@ def show_plan(config, a: argparse.Namespace) -> int:
         print(f"time:     {what}")
     for note in p.notes:
         print(f"note:     {note}")
-    n = _shard_count(getattr(a, "num_shards", None))
+    n = None if getattr(a, "num_shards", None) is None else shard_count(a.num_shards)
     if n:
         print(f"shards:   {n} workers; part p goes to shard p % {n} (round-robin by part, as the build splits it)")
         rows = []

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from typing import TYPE_CHECKING
 
 from ..config import HiddenStatesConfig
 from ..errors import ConfigError
 from ..scaleout import build_shard, parse_count, resolve_shard
+
+if TYPE_CHECKING:
+    from ..merge import MergeSummary
 
 __all__ = ["add_build_args", "cmd_merge", "register", "scaleout_build", "wants_scaleout"]
 
@@ -35,9 +39,9 @@ def wants_scaleout(a: argparse.Namespace) -> bool:
     return any(getattr(a, k, None) is not None for k in ("num_shards", "shard_index", "ray"))
 
 
-def scaleout_build(a: argparse.Namespace, config: HiddenStatesConfig, command: str) -> bool:
+def scaleout_build(a: argparse.Namespace, config: HiddenStatesConfig, command: str) -> MergeSummary | None:
     """``hs-dataset build`` with ``--num-shards``/``--shard-index``/``--ray``: build, print, merge.
-    -> whether ``a.output`` now holds the finished build (to push)."""
+    -> the merge, when ``a.output`` now holds the finished build (to check and push); None otherwise."""
     if a.ray is not None:
         from ..ray_build import build_with_ray
 
@@ -45,7 +49,7 @@ def scaleout_build(a: argparse.Namespace, config: HiddenStatesConfig, command: s
             raise ConfigError("--ray builds every shard: leave out --shard-index")
         n = None if a.num_shards in (None, "auto") else parse_count(a.num_shards)
         merged = build_with_ray(config, a.output, address=None if a.ray == "local" else a.ray, num_shards=n,
-                                build_command=command, progress=not a.no_progress)
+                                build_command=command, progress=not a.no_progress).merged
     else:
         spec = resolve_shard(a.num_shards, a.shard_index)
         s, merged = build_shard(config, a.output, spec, progress=not a.no_progress, build_command=command)
@@ -56,9 +60,9 @@ def scaleout_build(a: argparse.Namespace, config: HiddenStatesConfig, command: s
         if merged is None:
             print(f"{a.output}: not every shard is done yet (or another worker is merging them); the worker of the "
                   f"last one merges them (or run: hs-dataset merge {shlex.quote(str(a.output))})")
-            return False
+            return None
     print(merged.message())
-    return True
+    return merged
 
 
 def cmd_merge(a: argparse.Namespace) -> int:

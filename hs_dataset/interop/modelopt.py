@@ -32,7 +32,7 @@ import torch
 from ..errors import SampleError
 from ..layout import FINAL_COLUMN
 from .common import ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile, read_sidecar, torch_load
-from .importer import ForeignSource
+from .importer import _UNREADABLE, ForeignSource
 
 __all__ = ["export_modelopt", "modelopt_default_layers", "modelopt_file_name", "modelopt_source"]
 
@@ -98,7 +98,7 @@ def modelopt_source(src: Path, L: int, *, final_prenorm: bool | None = None) -> 
                 f.sample_id = str(cid)
             if prenorm is None:
                 prenorm = bool(d.get("hidden_states_prenorm", False))
-        except (OSError, RuntimeError, ValueError) as e:
+        except _UNREADABLE as e:  # EOFError, UnpicklingError...: this file's reject, not the import's end
             errors[k] = ("file", f"{f.path}: unreadable ({e!r})")
             continue
         if f.sample_id in seen:
