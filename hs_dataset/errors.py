@@ -13,7 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError", "BuildInterrupted", "BuildLockedError", "ConfigError", "ConfigMismatchError", "EmptyBuildError",
-    "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError", "NonFiniteError",
+    "ForeignFilesError", "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError", "NonFiniteError",
     "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RequestError", "SampleError",
     "SecretLeakError", "ShardError", "TransportError", "VersionExistsError", "VersionNameError",
 ]
@@ -50,6 +50,11 @@ class ConfigMismatchError(HsDatasetError, RuntimeError):
 
 class BuildLockedError(HsDatasetError, RuntimeError):
     """Another build is writing the same output directory."""
+
+
+class ForeignFilesError(HsDatasetError, RuntimeError):
+    """The output directory holds files hs_dataset did not write (it is not empty and not a build, its
+    ``data/`` holds other files or links, or the source lies inside it): nothing was touched."""
 
 
 class ShardError(HsDatasetError, RuntimeError):

@@ -36,7 +36,7 @@ from .errors import ShardError
 from .layout import DATA_DIR, REDACTED_FILE, SHARD_FILE, SHARDS_DIR, STATE_DIR
 from .records import Counts
 from .redact import redact_command, redact_text
-from .resume import (atomic_write, check_resume, fsync_dir, fsync_file, invalidate_finished, lock_output, part_ranges,
+from .resume import (atomic_write, check_output, check_resume, fsync_dir, fsync_file, invalidate_finished, lock_output, part_ranges,
                      part_record, recover)
 from .scaleout import ShardSpec, read_shard, shard_dir, shard_parts, single_worker_command
 from .verify import check_files, mark_damaged
@@ -113,6 +113,7 @@ def merge_shards(out: str | os.PathLike, shard_dirs: list[str | os.PathLike] | N
         first = _check_set(out, shards)
         records = _check_files(shards, full)
         state = out / STATE_DIR
+        check_output(out, first["config"].get("source"))  # an output that is not ours is refused untouched
         (state / "parts").mkdir(parents=True, exist_ok=True)
         (out / DATA_DIR).mkdir(exist_ok=True)
         lock = lock_output(out, state)

@@ -9,6 +9,13 @@ whose record reads, matches the plan, whose listed shards all pass the quick che
 last MiB, row count) and that no full verification marked damaged; everything else (shards no kept
 record lists, any other file in ``data/``, staging folders, ``.tmp`` files of killed atomic writes)
 is removed, so a rerun of the same command ends with the rows of an uninterrupted build.
+
+Recovery deletes only what a build writes: shard files named ``train-PPPPP-SSS.<format>`` in
+``data/``, the ``.tmp`` files of its own atomic writes, and its own ``.hs_build/`` state. Before any
+of that, :func:`check_output` refuses an output that is not empty and not a build (no
+``hs_dataset.json``, no ``.hs_build/``), a ``data/`` or ``.hs_build/`` that is a link, a ``data/``
+holding anything else (another file, a folder, a link), and a source inside the output: nothing is
+deleted that the build cannot prove it wrote.
 """
 
 from __future__ import annotations
@@ -24,17 +31,80 @@ from pathlib import Path
 from typing import Any
 
 from .checksums import check_shard
-from .errors import BuildLockedError, ConfigMismatchError, OutputWriteError
-from .layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
+from .errors import BuildLockedError, ConfigMismatchError, ForeignFilesError, OutputWriteError
+from .layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE, STATE_DIR
 from .redact import redact_text
 
-__all__ = ["RESUMABLE_CHANGES", "atomic_write", "check_resume", "check_shrink", "damaged_parts", "fsync_dir",
+__all__ = ["RESUMABLE_CHANGES", "atomic_write", "check_output", "check_resume", "check_shrink", "damaged_parts",
+           "fsync_dir",
            "fsync_file", "invalidate_finished", "lock_output", "output_error", "part_files", "part_ranges", "part_record",
            "recover"]
 
 logger = logging.getLogger(__name__)
 
+# The temporary names of this package's atomic writes (atomic_write, the merge's links): .<name>.tmp-<pid>
 TMP_RE = re.compile(r"^\..+\.tmp-\d+$")
+_OUT_FILES = (META_FILE, README_FILE, REJECTS_FILE)  # the files a build writes at the top of its output
+
+
+def _ours_tmp(folder_files: tuple[str, ...] | None, name: str) -> bool:
+    """A leftover of one of our atomic writes: of a file in ``folder_files`` or of a shard (None: of any file)."""
+    if not TMP_RE.match(name):
+        return False
+    base = name[1:name.rindex(".tmp-")]
+    return folder_files is None or base in folder_files or SHARD_RE.match(base) is not None
+
+
+def _foreign(path: Path) -> str:
+    """``path`` and what it is, for a refusal."""
+    kind = "a link" if path.is_symlink() else "a folder" if path.is_dir() else "a file"
+    return f"{path} ({kind})"
+
+
+def check_output(out: Path, source: str | os.PathLike | None = None) -> None:
+    """Refuse, before anything is touched, an output directory that is not ours to write.
+
+    ``out`` may be missing, empty, or a build of hs_dataset (its ``hs_dataset.json`` or its
+    ``.hs_build/`` folder); its ``data/`` and ``.hs_build/`` must be real folders, and ``data/`` may hold
+    only shards of the names a build writes (``train-PPPPP-SSS.<format>``, and the ``.tmp`` files of their
+    writes). ``source``, when a local path, must not lie inside ``out`` (a rebuild would delete it).
+
+    Raises:
+        ForeignFilesError: naming the folder or file and what to do.
+    """
+    if source is not None:
+        from .sources import source_path
+
+        src = source_path(source)
+        if src is not None:
+            a, b = src.resolve(), out.resolve()
+            if a == b or b in a.parents:
+                raise ForeignFilesError(f"the source {src} lies inside the output directory {out}: a build owns its "
+                                        "output and removes what it did not write; move the source out, or pass "
+                                        "another --output")
+    if not out.is_dir():
+        return  # made by the build (a file in its way is an OutputWriteError)
+    entries = sorted(out.iterdir())
+    if not entries:
+        return
+    if not ((out / META_FILE).is_file() or (out / STATE_DIR).is_dir()):
+        shown = ", ".join(p.name for p in entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise ForeignFilesError(f"--output {out} is not empty and not an hs_dataset build (it holds {shown}): "
+                                "refusing to write there, nothing was touched; pass a new or empty directory")
+    for name in (DATA_DIR, STATE_DIR):
+        if (out / name).is_symlink():
+            raise ForeignFilesError(f"{out / name} is a link: a build writes and removes files in its own "
+                                    f"{name}/ only; replace the link with a folder, or pass another --output")
+    data = out / DATA_DIR
+    if data.exists() and not data.is_dir():
+        raise ForeignFilesError(f"{data} is not a folder: a build keeps its shards in {data}/; move it away, "
+                                "or pass another --output")
+    if data.is_dir():
+        for p in sorted(data.iterdir()):
+            if not (SHARD_RE.match(p.name) or _ours_tmp((), p.name)) or p.is_symlink() or not p.is_file():
+                raise ForeignFilesError(
+                    f"{_foreign(p)} was not written by hs_dataset, and {data}/ is the build's (every file there is "
+                    "loaded as a shard): move it out of that folder, then run the same command again")
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -134,15 +204,16 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
     plan, every shard it lists passes the quick check (:func:`hs_dataset.checksums.check_shard`:
     size, first and last MiB, rows) and no full verification marked the part damaged. Every other
     record is removed (its part is redone), and so is every file in ``data/`` that no valid record
-    lists (a duplicate or stray copy included: ``data/`` belongs to the build). Staging folders and
-    the ``.tmp`` files of interrupted atomic writes are removed.
+    lists and that bears a shard's name (a part killed between moving its shards and writing its
+    record, a copy named like a shard) is removed; :func:`check_output` has refused any other entry
+    before. Staging folders and the ``.tmp`` files of interrupted atomic writes are removed.
     """
     shutil.rmtree(state / "staging", ignore_errors=True)
-    for folder in (out, state, state / "parts"):
-        for f in folder.iterdir():
-            if TMP_RE.match(f.name) and f.is_file():
-                f.unlink()
     data = out / DATA_DIR
+    for folder, names in ((out, _OUT_FILES), (state, None), (state / "parts", None), (data, ())):
+        for f in folder.iterdir():
+            if _ours_tmp(names, f.name) and f.is_file() and not f.is_symlink():
+                f.unlink()
     done: set[int] = set()
     keep: set[str] = set()
     damaged = damaged_parts(state)
@@ -162,13 +233,13 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
     fsync_dir(state / "parts")
     (state / DAMAGED_FILE).unlink(missing_ok=True)  # its parts' records are gone: they are redone
     for f in sorted(data.iterdir()):
-        if f.name not in keep:
-            if not SHARD_RE.match(f.name):  # e.g. a copy of a shard: readers would load it too
-                logger.warning("hs_dataset: removing %s: no part record lists it", f)
-            if f.is_dir() and not f.is_symlink():
-                shutil.rmtree(f)
-            else:
-                f.unlink()  # e.g. a part killed between moving its shards and writing its record
+        if f.name in keep:
+            continue
+        if not SHARD_RE.match(f.name) or f.is_symlink() or not f.is_file():
+            raise ForeignFilesError(f"{_foreign(f)} was not written by hs_dataset: move it out of {data}/, then run "
+                                    "the same command again")
+        logger.warning("hs_dataset: removing %s: no part record lists it", f)
+        f.unlink()  # e.g. a part killed between moving its shards and writing its record
     fsync_dir(data)
     return done
 

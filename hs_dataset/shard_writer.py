@@ -53,7 +53,7 @@ from .layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, STATE_DIR, s
 from .progress import BuildProgress
 from .records import Counts
 from .redact import record_redacted, redact, redact_command
-from .resume import (atomic_write, check_resume, check_shrink, fsync_dir, fsync_file, invalidate_finished,
+from .resume import (atomic_write, check_output, check_resume, check_shrink, fsync_dir, fsync_file, invalidate_finished,
                      lock_output, output_error, part_files, part_ranges, part_record, recover)
 from .scaleout import ShardSpec, begin_shard, finish_shard
 from .sources import rows_to_build, source_fingerprint
@@ -105,6 +105,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
            build_command: str | None, allow_shrink: bool, shard: ShardSpec | None) -> BuildSummary:
     t0 = time.time()
     state = out / STATE_DIR
+    check_output(out, config.source)  # an output that is not ours is refused before anything is touched
     (state / "parts").mkdir(parents=True, exist_ok=True)
     (out / DATA_DIR).mkdir(exist_ok=True)
     lock = lock_output(out, state)

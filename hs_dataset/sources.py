@@ -39,6 +39,7 @@ __all__ = [
     "iter_source",
     "source_fingerprint",
     "source_name",
+    "source_path",
 ]
 
 _HASH_CHARS = 16
@@ -98,6 +99,18 @@ def _resolve(source: str | os.PathLike[str]) -> _Spec:
             "or load it through 'hf:<path>'"
         )
     return _Spec(kinds[suffix], text, None, utf8_safe(p.stem))
+
+
+def source_path(source: str | os.PathLike[str]) -> Path | None:
+    """The local file or folder ``source`` reads (None: a dataset ``hf:`` loads by name, or nothing there)."""
+    text = os.fspath(source)
+    if text.startswith("hf:"):
+        text = text[3:].partition(":")[0]
+    p = Path(text)
+    if not p.exists():
+        head, sep, _ = text.rpartition(":")
+        p = Path(head) if sep and head else p
+    return p if p.exists() else None
 
 
 def source_name(source: str | os.PathLike[str]) -> str:

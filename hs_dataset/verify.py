@@ -181,9 +181,13 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
     command = meta.get("build_command")
     again = f"the build command again (`{command}`)" if command else "the same build again (the same configuration)"
     if local:
+        foreign = [p.path for p in problems if p.part is None and p.path.startswith(DATA_DIR + "/")
+                   and not SHARD_RE.match(p.path[len(DATA_DIR) + 1:])]
+        move = f" Move {', '.join(foreign)} out of {root / DATA_DIR} first (a build removes only files named like its " \
+               "shards)." if foreign else ""
         report.repair = (f"Repair: run {again} on {root}: it rebuilds part(s) {report.parts} and removes unlisted "
-                         "files (then verify again)." if report.parts else
-                         f"Repair: run {again} on {root}: it removes the unlisted files.")
+                         "shard files (then verify again)." if report.parts else
+                         f"Repair: run {again} on {root}: it removes the unlisted shard files.") + move
         if mark and not quick:
             mark_damaged(root, problems)
     else:
