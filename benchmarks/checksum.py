@@ -6,7 +6,7 @@
 
 Every figure is a ratio against the raw write measured in the same run on the same disk
 (``numpy.tofile`` + ``fsync`` of the same bytes): the hash of a shard just written, read back from
-the page cache as the build's committer thread does (``hs_dataset.checksums.file_digest``:
+the page cache as the build's committer thread does (``hs_dataset.integrity.checksums.file_digest``:
 xxh3-128), and, side by side, the same read with sha256 and blake2b (hashlib). Best of
 ``--repeat`` runs (a shared VM swings single runs).
 """
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hs_dataset.checksums import edges_digest, file_digest  # noqa: E402
+from hs_dataset.integrity.checksums import edges_digest, file_digest  # noqa: E402
 
 
 def _hashlib_digest(path: Path, name: str) -> str:

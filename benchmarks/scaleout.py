@@ -7,7 +7,7 @@
 
 Each run is the real command line in fresh processes on the tiny demo model (random Llama, 4 layers,
 hidden 64; transformers backend): one ``hs-dataset build``, then two workers at once the way
-``torchrun --nproc-per-node 2`` starts them (``RANK``/``WORLD_SIZE``, ``--num-shards auto``; the last
+``torchrun --nproc-per-node 2`` starts them (``RANK``/``WORLD_SIZE``, ``--workers auto``; the last
 one merges), and with ``--ray`` one ``--ray`` build on a new local Ray cluster. Reported: wall time
 from start to the finished (merged) build, samples/s, and the ratio to one worker (ideal on 2 cores:
 ~2x; process start, model load and the merge are in the wall time, so with a start-up cost S and
@@ -37,7 +37,7 @@ DEMO = ROOT / "builder_scripts" / "data" / "demo_conversations.jsonl"
 
 def _script(d: Path, rows: int, part_size: int) -> Path:
     """A builder script of the demo config over ``rows`` rows (the demo conversations repeated)."""
-    from hs_dataset.tiny import make_tiny_model_dir
+    from hs_dataset.demo.tiny import make_tiny_model_dir
 
     lines = DEMO.read_text(encoding="utf-8").splitlines()
     source = d / "source.jsonl"
@@ -96,11 +96,11 @@ def main() -> int:
         runs = {"1 worker": [(py + base + [str(d / "one")], _env(cores))]}
         per = max(1, cores // a.workers)
         runs[f"{a.workers} workers (torchrun-style)"] = [
-            (py + base + [str(d / "many"), "--num-shards", "auto"],
+            (py + base + [str(d / "many"), "--workers", "auto"],
              _env(per, RANK=str(r), WORLD_SIZE=str(a.workers), LOCAL_RANK=str(r))) for r in range(a.workers)]
         if a.ray:
             runs[f"{a.workers} Ray workers (local cluster)"] = [
-                (py + base + [str(d / "ray"), "--ray", "--num-shards", str(a.workers)], _env(per))]
+                (py + base + [str(d / "ray"), "--ray", "--workers", str(a.workers)], _env(per))]
         outs = {"1 worker": d / "one", f"{a.workers} workers (torchrun-style)": d / "many",
                 f"{a.workers} Ray workers (local cluster)": d / "ray"}
         for k in range(a.repeat):

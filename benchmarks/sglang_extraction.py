@@ -56,7 +56,7 @@ def make_8b_llama(path: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hs_dataset.tiny import make_tiny_tokenizer
+    from hs_dataset.demo.tiny import make_tiny_tokenizer
 
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
@@ -117,10 +117,10 @@ def main() -> None:
     import sglang as sgl
     import torch
 
-    from hs_dataset.backends.sglang import SGLangBackend
-    from hs_dataset.shard_writer import build
-    from hs_dataset.dataset_builder import HiddenStatesConfig
-    from hs_dataset.encode import bytes_per_token
+    from hs_dataset.write.driver import build
+    from hs_dataset.capture.sglang.backend import SGLangBackend
+    from hs_dataset.codec.encode import bytes_per_token
+    from hs_dataset.config import HiddenStatesConfig
     from hs_dataset.records import TokenizedSample
 
     shape = SHAPES[a.shape]
@@ -201,7 +201,8 @@ def main() -> None:
         return d
 
     if gen_ids:
-        from hs_dataset.regenerate import GenerationOptions, Prompt
+        from hs_dataset.config import GenerationOptions
+        from hs_dataset.prepare.regenerate import Prompt
 
         opts = GenerationOptions(max_new_tokens=a.generate_tokens)
         # no stop token the random model can hit early: every reply runs to max_new_tokens, as above

@@ -7,7 +7,7 @@
 
 Every figure is a ratio against a raw baseline measured in the same run on the same disk:
 
-* WRITE: ``hs_dataset.shard_writer.build`` (HiddenStatesBuilder -> ``datasets``' ArrowWriter / ParquetWriter,
+* WRITE: ``hs_dataset.write.driver.build`` (HiddenStatesBuilder -> ``datasets``' ArrowWriter / ParquetWriter,
   the real path) fed by an in-file capture backend that yields precomputed random bf16 states,
   against ``numpy.tofile`` of the same bytes. Both include ``fsync`` of the files.
 * READ into torch bf16 training batches: ``open_dataset`` / ``load_dataset(streaming=True)`` +
@@ -98,7 +98,7 @@ class Shape:
 
 def make_model_dir(path: Path, hidden: int, num_layers: int = 61) -> Path:
     """A target "model" directory: config.json with Kimi-like sizes and the tiny test tokenizer."""
-    from hs_dataset.tiny import make_tiny_tokenizer
+    from hs_dataset.demo.tiny import make_tiny_tokenizer
 
     path.mkdir(parents=True, exist_ok=True)
     if not (path / "tokenizer.json").exists():
@@ -145,7 +145,7 @@ def make_states(shape: Shape, distinct: int = 2, seed: int = 0) -> list:
 
 
 class PrecomputedBackend:
-    """A capture backend (``hs_dataset.backends.base.CaptureBackend``) that yields precomputed states.
+    """A capture backend (``hs_dataset.capture.base.CaptureBackend``) that yields precomputed states.
 
     A benchmark input generator: it costs nothing per sample, so the build measures the write path
     alone. Like the SGLang backend, it reports its own NaN/Inf count (none), so the encode stage does
@@ -156,7 +156,7 @@ class PrecomputedBackend:
     name = "precomputed-random"
 
     def __init__(self, model_dir: Path, layers: tuple[int, ...], pool: list):
-        from hs_dataset.backends.base import read_model_info
+        from hs_dataset.model_info import read_model_info
 
         self.info = read_model_info(str(model_dir))
         self.layers = tuple(layers)
@@ -274,8 +274,8 @@ class Bench:
 
     def build(self, out: Path, **overrides) -> tuple[float, float, Any]:
         """(seconds from the first sample request to synced shards, total seconds, summary)."""
-        from hs_dataset.shard_writer import build
-        from hs_dataset.dataset_builder import HiddenStatesConfig
+        from hs_dataset.write.driver import build
+        from hs_dataset.config import HiddenStatesConfig
 
         shutil.rmtree(out, ignore_errors=True)
         cfg = dict(model=str(self.model), layers=self.layers, source=str(self.source), max_length=self.shape.tokens,
@@ -326,7 +326,8 @@ class Bench:
         return collate_rows(rows, self.a.batch)
 
     def read_open_dataset(self, out: Path) -> int:
-        from hs_dataset.reader import iter_torch, open_dataset
+        from hs_dataset.read.iterate import iter_torch
+        from hs_dataset.read.open import open_dataset
 
         return self.collate_hs(iter_torch(open_dataset(out), batch_size=self.a.batch))
 
@@ -349,7 +350,8 @@ class Bench:
         """``ds`` in TORCH_FORMAT through a DataLoader with ``workers`` processes, batched by DrafterCollator."""
         from torch.utils.data import DataLoader
 
-        from hs_dataset.reader import TORCH_FORMAT, DrafterCollator
+        from hs_dataset.read.collate import DrafterCollator
+        from hs_dataset.read.torch_format import TORCH_FORMAT
 
         loader = DataLoader(ds.with_format(TORCH_FORMAT), batch_size=self.a.batch, num_workers=workers,
                             collate_fn=DrafterCollator())
@@ -408,7 +410,7 @@ def consume(batch: dict) -> int:
 
 def collate_rows(rows: Iterable[dict], batch: int) -> int:
     """Batch ``rows`` with DrafterCollator, ``batch`` at a time; the payload bytes batched."""
-    from hs_dataset.reader import DrafterCollator
+    from hs_dataset.read.collate import DrafterCollator
 
     coll = DrafterCollator()
     total, buf = 0, []
@@ -426,7 +428,7 @@ def read_streaming(out: Path, batch: int) -> int:
     """``load_dataset(out, streaming=True)`` + iter_torch + DrafterCollator."""
     import datasets
 
-    from hs_dataset.reader import iter_torch
+    from hs_dataset.read.iterate import iter_torch
 
     ds = datasets.load_dataset(str(out), split="train", streaming=True)
     return collate_rows(iter_torch(ds, batch_size=batch), batch)
@@ -451,7 +453,8 @@ def child_read(args: argparse.Namespace) -> None:
 
 def fp8_error(bench: Bench, fp8_out: Path) -> dict[str, dict[str, float]]:
     """Per state column: max and mean of |x - fp8(x)| / amax(token), over the distinct samples."""
-    from hs_dataset.reader import decode_row, open_dataset, state_columns_of
+    from hs_dataset.read.decode import decode_row, state_columns_of
+    from hs_dataset.read.open import open_dataset
 
     ds = open_dataset(fp8_out).with_format("arrow")
     out: dict[str, dict[str, float]] = {}
@@ -492,8 +495,8 @@ def child_build(args: argparse.Namespace) -> None:
     source = make_source(work / f"source-{shape.samples}.jsonl", shape.samples, shape.tokens)
     layers = shape.layers()
     pool = make_states(shape)
-    from hs_dataset.shard_writer import build
-    from hs_dataset.dataset_builder import HiddenStatesConfig
+    from hs_dataset.write.driver import build
+    from hs_dataset.config import HiddenStatesConfig
 
     rss_before = peak_rss_kib()
     out = work / f"mem-{shape.samples}"
@@ -597,7 +600,7 @@ def parquet_probe(b: Bench, arrow: Path, samples: int) -> list[dict[str, Any]]:
     has no 16-bit physical type: each value is an INT32, so only compression brings the size down."""
     import pyarrow.parquet as pq
 
-    from hs_dataset.reader import open_dataset
+    from hs_dataset.read.open import open_dataset
 
     table = open_dataset(arrow).with_format("arrow")[:samples]
     payload = samples * b.shape.sample_bytes
@@ -716,7 +719,7 @@ def _run(a: argparse.Namespace, work: Path) -> int:
     freed = before - cached_mib()
     say(f"READ into torch bf16 training batches of {a.batch} (DrafterCollator); dropping the page cache "
         f"of the just-read raw file freed {freed} MiB of Cached ({raw_path.stat().st_size / 2**20:.0f} MiB file)")
-    from hs_dataset.reader import open_dataset
+    from hs_dataset.read.open import open_dataset
 
     def streaming():
         return datasets.load_dataset(str(arrow), split="train", streaming=True)

@@ -26,7 +26,7 @@ CONFIG = {
 def prepare(config: dict) -> None:
     """Create the demo's tiny model + tokenizer on first use (no download), in its own cache folder only:
     any other ``--set model=`` path is used as it is (a missing one is the usual clear error)."""
-    from hs_dataset.tiny import make_tiny_model_dir
+    from hs_dataset.demo.tiny import make_tiny_model_dir
 
     if Path(config["model"]).resolve() == DEMO_MODEL.resolve():
         make_tiny_model_dir(config["model"], template="chatml", seed=0)

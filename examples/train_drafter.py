@@ -29,8 +29,9 @@ from datasets import load_dataset
 from safetensors import safe_open
 from torch.utils.data import DataLoader
 
-from hs_dataset.reader import TORCH_FORMAT, DrafterCollator
 from hs_dataset.layout import layer_of
+from hs_dataset.read.collate import DrafterCollator
+from hs_dataset.read.torch_format import TORCH_FORMAT
 
 
 class DraftHead(torch.nn.Module):

@@ -1,38 +1,74 @@
 """hs_dataset: versioned Hugging Face datasets of LLM hidden states for EAGLE-3 drafter training.
 
-The entry points, imported lazily (``import hs_dataset`` pulls in neither torch nor SGLang):
+The package reads as the pipeline: ``prepare`` (sources, chat template, loss mask) -> ``capture``
+(backends, the SGLang plugin, the ring) -> ``codec`` -> ``write`` (parts, resume, the final step) ->
+``integrity`` -> ``hub`` -> ``read``, with ``scale`` (many workers), ``interop``, ``cli`` and ``demo``
+beside it. The entry points, imported lazily (``import hs_dataset`` pulls in neither torch nor SGLang):
 
-* :func:`build` (:mod:`hs_dataset.shard_writer`) and :class:`HiddenStatesConfig`: build or resume a dataset;
-* :func:`push_dataset` / :func:`list_versions` (:mod:`hs_dataset.publish`, :mod:`hs_dataset.hub_versions`): publish versions to the Hub;
-* :func:`open_dataset`, :func:`load_verified`, :func:`iter_torch`, :class:`DrafterCollator` (:mod:`hs_dataset.reader`):
-  read for training;
-* :func:`verify_build` / :func:`verify_repo` (:mod:`hs_dataset.verify`): check a build or a version against its checksums;
-* :func:`export_dataset` (:func:`export_specforge`), :func:`import_dataset` (:mod:`hs_dataset.interop`): move data to
-  and from SpecForge, speculators and ModelOpt;
-* :func:`build_shard`, :func:`shard_parts` (:mod:`hs_dataset.scaleout`), :func:`merge_shards` (:mod:`hs_dataset.merge`),
-  :func:`build_with_ray` (:mod:`hs_dataset.ray_build`): one version built by many workers.
+* :func:`build` and :class:`HiddenStatesConfig`: build or resume a dataset;
+* :func:`push_dataset` / :func:`list_versions`: publish versions to the Hub, list them;
+* :func:`open_dataset`, :func:`load_verified`, :func:`iter_torch`, :func:`decode_row`,
+  :class:`DrafterCollator`: read for training;
+* :func:`verify_build` / :func:`verify_repo`: check a build or a version against its checksums;
+* :func:`export_dataset` (:func:`export_specforge`), :func:`import_dataset`: move data to and from
+  SpecForge, speculators and ModelOpt;
+* :func:`build_share`, :func:`share_parts`, :func:`merge_shares`, :func:`build_with_ray`: one version
+  built by many workers (``build_shard``, ``shard_parts`` and ``merge_shards``, their names before 0.3,
+  still work and warn).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from hs_dataset._version import __version__
 
 _EXPORTS = {
-    "build": "shard_writer", "BuildSummary": "shard_writer", "HiddenStatesConfig": "config",
-    "push_dataset": "publish", "list_versions": "hub_versions",
-    "open_dataset": "reader", "iter_torch": "reader", "decode_row": "reader", "DrafterCollator": "reader",
-    "load_verified": "reader", "verify_build": "verify", "verify_repo": "verify",
-    "export_specforge": "interop", "export_dataset": "interop", "import_dataset": "interop",
-    "build_shard": "scaleout", "shard_parts": "scaleout", "merge_shards": "merge", "build_with_ray": "ray_build",
+    "build": "hs_dataset.write.driver", "BuildSummary": "hs_dataset.write.driver",
+    "HiddenStatesConfig": "hs_dataset.config",
+    "push_dataset": "hs_dataset.hub.publish", "list_versions": "hs_dataset.hub.versions",
+    "open_dataset": "hs_dataset.read.open", "load_verified": "hs_dataset.read.open",
+    "iter_torch": "hs_dataset.read.iterate", "decode_row": "hs_dataset.read.decode",
+    "DrafterCollator": "hs_dataset.read.collate",
+    "verify_build": "hs_dataset.integrity.verify", "verify_repo": "hs_dataset.integrity.verify",
+    "export_specforge": "hs_dataset.interop", "export_dataset": "hs_dataset.interop",
+    "import_dataset": "hs_dataset.interop",
+    "build_share": "hs_dataset.scale.worker", "share_parts": "hs_dataset.write.shares",
+    "merge_shares": "hs_dataset.scale.merge", "build_with_ray": "hs_dataset.scale.ray",
 }
+# Names of 0.2, kept working (with a FutureWarning): a worker's share of a build was called a shard.
+_RENAMED = {"build_shard": "build_share", "shard_parts": "share_parts", "merge_shards": "merge_shares"}
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "BuildSummary", "DrafterCollator", "HiddenStatesConfig", "__version__", "build", "build_share", "build_with_ray",
+    "decode_row", "export_dataset", "export_specforge", "import_dataset", "iter_torch", "list_versions",
+    "load_verified", "merge_shares", "open_dataset", "push_dataset", "share_parts", "verify_build", "verify_repo",
+]
+
+if TYPE_CHECKING:  # what the lazy __getattr__ below gives, for type checkers and IDEs
+    from hs_dataset.write.driver import BuildSummary, build
+    from hs_dataset.write.shares import share_parts
+    from hs_dataset.config import HiddenStatesConfig
+    from hs_dataset.hub.publish import push_dataset
+    from hs_dataset.hub.versions import list_versions
+    from hs_dataset.integrity.verify import verify_build, verify_repo
+    from hs_dataset.interop import export_dataset, export_specforge, import_dataset
+    from hs_dataset.read.collate import DrafterCollator
+    from hs_dataset.read.decode import decode_row
+    from hs_dataset.read.iterate import iter_torch
+    from hs_dataset.read.open import load_verified, open_dataset
+    from hs_dataset.scale.merge import merge_shares
+    from hs_dataset.scale.ray import build_with_ray
+    from hs_dataset.scale.worker import build_share
 
 
 def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        warnings.warn(f"hs_dataset.{name} is now hs_dataset.{_RENAMED[name]} (a worker's part of a build is a "
+                      "'share'; a 'shard' is a data file)", FutureWarning, stacklevel=2)
+        name = _RENAMED[name]
     if name in _EXPORTS:
-        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'hs_dataset' has no attribute {name!r}")

@@ -1,10 +1,12 @@
 """The build configuration: one typed dataclass, documented field by field.
 
-``HiddenStatesConfig`` is a :class:`datasets.BuilderConfig`. Its choice fields are typed
+``HiddenStatesConfig`` is a plain dataclass (importing it costs no ``datasets``, so a command line
+answers a mistake at once); the ``datasets`` builder carries it in its own ``BuilderConfig``
+(:class:`hs_dataset.write.builder.HiddenStatesBuilderConfig`). Its choice fields are typed
 ``Literal``s from :mod:`hs_dataset.layout`; each field's ``metadata["help"]`` is its one-line
 documentation, from which ``hs-dataset build --help`` lists the fields (so the two cannot drift).
 Fields in :data:`CONTENT_FIELDS` decide the rows: a resumed build refuses a change of any of them,
-except ``on_nonfinite`` from ``fail`` to ``reject`` (:data:`hs_dataset.resume.RESUMABLE_CHANGES`:
+except ``on_nonfinite`` from ``fail`` to ``reject`` (:data:`hs_dataset.write.resume.RESUMABLE_CHANGES`:
 parts written under ``fail`` hold no non-finite state). The others (``backend_options``,
 ``max_samples``, ``writer_batch_bytes``, ``max_shard_bytes``, ``trust_remote_code``) may change
 between runs without changing a row already written.
@@ -21,15 +23,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import datasets
+from hs_dataset.errors import ConfigError
+from hs_dataset.layout import (BACKENDS, FILE_FORMATS, MASK_MODES, NONFINITE_POLICIES, RESPONSES_MODES, SAMPLE_ID_MODES,
+                               STORAGE_DTYPES, TRUNCATION_MODES, FileFormat, MaskMode, NonfinitePolicy, ResponsesMode,
+                               SampleIdMode, StorageDtype, TruncationMode)
 
-from .errors import ConfigError
-from .layout import (BACKENDS, FILE_FORMATS, MASK_MODES, NONFINITE_POLICIES, RESPONSES_MODES, SAMPLE_ID_MODES,
-                     STORAGE_DTYPES, TRUNCATION_MODES, FileFormat, MaskMode, NonfinitePolicy, ResponsesMode,
-                     SampleIdMode, StorageDtype, TruncationMode)
-
-__all__ = ["CHOICES", "CONTENT_FIELDS", "HiddenStatesConfig", "coerce_field", "config_fields", "describe_type",
-           "did_you_mean", "field_types"]
+__all__ = ["CHOICES", "CONTENT_FIELDS", "GenerationOptions", "HiddenStatesConfig", "coerce_field", "config_fields",
+           "describe_type", "did_you_mean", "field_types"]
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - the metadata key argparse users expect
@@ -39,11 +39,70 @@ def _f(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - the metadata 
     return field(default=default, metadata={"help": help, **kw})
 
 
-@dataclass
-class HiddenStatesConfig(datasets.BuilderConfig):
-    """Everything that decides what a hidden-states dataset contains, and how it is built."""
+OnLength = Literal["reject", "keep"]
 
-    name: str = _f("default", "datasets config name", internal=True)
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """Sampling for regenerated replies (the ``generation`` field of the build configuration).
+
+    temperature 0 is greedy; ``stop``: extra stop strings, each a single token of the tokenizer
+    (the template's end-of-turn token and EOS always stop); ``on_length``: a reply cut at
+    ``max_new_tokens`` without an end of turn is rejected (``reject``, the default: its end-of-turn
+    marker would be one the model did not write) or kept (``keep``).
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 1024
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    on_length: OnLength = "reject"
+
+    @classmethod
+    def from_config(cls, options: dict[str, Any]) -> "GenerationOptions":
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in options:
+            if key not in names:
+                near = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise ConfigError(f"generation.{key}: unknown option{hint}; known: {', '.join(names)}",
+                                  field=f"generation.{key}", value=options[key])
+        o = dict(options)
+        if "stop" in o:
+            o["stop"] = tuple([o["stop"]] if isinstance(o["stop"], str) else o["stop"])
+        try:
+            opts = cls(**o)
+        except TypeError as e:
+            raise ConfigError(f"generation: {e}") from None
+        if opts.on_length not in ("reject", "keep"):
+            raise ConfigError(f"generation.on_length={opts.on_length!r}: use reject or keep", field="generation.on_length",
+                              value=opts.on_length)
+        if opts.max_new_tokens < 1 or opts.temperature < 0:
+            raise ConfigError("generation.max_new_tokens must be >= 1 and generation.temperature >= 0")
+        return opts
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["stop"] = list(self.stop)
+        return d
+
+
+@dataclass
+class HiddenStatesConfig:
+    """Everything that decides what a hidden-states dataset contains, and how it is built.
+
+    Args:
+        every field below, by keyword: each field's one-line documentation is its ``metadata["help"]``
+        (``hs-dataset build --help`` lists them all); values given as text (``--set``) are parsed to
+        the field's type.
+
+    Raises:
+        ConfigError: a value that does not fit its field (naming the field and an example), a missing
+            ``model`` or ``source``, unknown ``generation`` options.
+    """
+
     model: str = _f("", "local model directory (config.json, weights, tokenizer); never downloaded")
     model_revision: str | None = _f(None, "revision recorded in the metadata (the directory is used as it is)")
     tokenizer: str | None = _f(None, "tokenizer directory (default: the model directory)")
@@ -70,28 +129,29 @@ class HiddenStatesConfig(datasets.BuilderConfig):
     max_shard_bytes: int = _f(2 * 2**30, "largest shard file")
     file_format: FileFormat = _f("arrow", "shard format: arrow (zero-copy reads) or parquet")
 
-    def __post_init__(self):
-        super().__post_init__()
+    def __post_init__(self) -> None:
         for f in config_fields():  # each value as its field's type (``--set`` text included), else a ConfigError
             setattr(self, f.name, coerce_field(f.name, getattr(self, f.name)))
         if not self.model:
-            raise ConfigError("config needs model: a local model directory (--set model=/path/to/model)")
+            raise ConfigError("config needs model: a local model directory (--set model=/path/to/model)", field="model")
         if not self.source:
-            raise ConfigError("config needs source: a JSON/JSONL/Parquet file or a datasets dir (--set source=...)")
+            raise ConfigError("config needs source: a JSON/JSONL/Parquet file or a datasets dir (--set source=...)",
+                              field="source")
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name}={getattr(self, name)!r}: use one of {', '.join(allowed)}")
+                raise ConfigError(f"{name}={getattr(self, name)!r}: use one of {', '.join(allowed)}", field=name,
+                                  value=getattr(self, name))
         if not isinstance(self.trust_remote_code, bool):
             raise ConfigError(f"trust_remote_code={self.trust_remote_code!r}: use true or false "
                               "(--set trust_remote_code=true)")
         for name in ("max_length", "part_size", "writer_batch_bytes", "max_shard_bytes"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1 (--set {name}=...)")
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1 (--set {name}=...)", field=name,
+                                  value=getattr(self, name))
         if self.max_samples is not None and self.max_samples < 0:
-            raise ConfigError(f"max_samples={self.max_samples}: must be >= 0, or null for every source row")
+            raise ConfigError(f"max_samples={self.max_samples}: must be >= 0, or null for every source row",
+                              field="max_samples", value=self.max_samples)
         if self.responses == "regenerate":
-            from .regenerate import GenerationOptions
-
             GenerationOptions.from_config(self.generation)  # unknown or bad options fail here
         elif self.generation:
             raise ConfigError("generation options are set but responses='source': set responses=regenerate")
@@ -100,8 +160,6 @@ class HiddenStatesConfig(datasets.BuilderConfig):
         """The fields that decide the rows; a resumed build must match them exactly."""
         key = {k: (list(v) if isinstance(v, tuple) else v) for k, v in ((k, getattr(self, k)) for k in CONTENT_FIELDS)}
         if self.responses != "source":  # only then: builds made before regeneration existed keep their key
-            from .regenerate import GenerationOptions
-
             key.update(responses=self.responses, generation=GenerationOptions.from_config(self.generation).to_dict())
         return key
 
@@ -122,8 +180,8 @@ CONTENT_FIELDS = ("model", "model_revision", "tokenizer", "layers", "max_length"
 
 
 def config_fields() -> list[dataclasses.Field]:
-    """The public fields of :class:`HiddenStatesConfig`, in definition order (datasets' own left out)."""
-    return [f for f in dataclasses.fields(HiddenStatesConfig) if "help" in f.metadata and not f.metadata.get("internal")]
+    """The fields of :class:`HiddenStatesConfig`, in definition order."""
+    return list(dataclasses.fields(HiddenStatesConfig))
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,7 +221,7 @@ def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
 
 
 def _expected(name: str, what: str, value: Any, example: str) -> ConfigError:
-    return ConfigError(f"{name}={value!r}: expected {what}, e.g. --set {name}={example}")
+    return ConfigError(f"{name}={value!r}: expected {what}, e.g. --set {name}={example}", field=name, value=value)
 
 
 def coerce_field(name: str, value: Any) -> Any:
@@ -179,14 +237,15 @@ def coerce_field(name: str, value: Any) -> Any:
     ftypes = field_types()
     if name not in ftypes:
         raise ConfigError(f"unknown config field {name!r}{did_you_mean(name, ftypes)}; "
-                          "`hs-dataset build --help` lists the fields")
+                          "`hs-dataset build --help` lists the fields", field=name, value=value)
     t, optional = _optional(ftypes[name])
     if optional and (value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none"))):
         return None
     if typing.get_origin(t) is Literal:
         allowed = typing.get_args(t)
         if value not in allowed:
-            raise ConfigError(f"{name}={value!r}: use one of {', '.join(allowed)}{did_you_mean(str(value), allowed)}")
+            raise ConfigError(f"{name}={value!r}: use one of {', '.join(allowed)}{did_you_mean(str(value), allowed)}",
+                              field=name, value=value)
         return value
     if t is bool:
         text = str(value).strip().lower()

@@ -11,11 +11,14 @@ Imports nothing: the SGLang plugin's modules use it in the scheduler process.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BackendError", "BuildInterrupted", "BuildLockedError", "ConfigError", "ConfigMismatchError", "EmptyBuildError",
-    "ForeignFilesError", "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError", "NonFiniteError",
+    "ForeignFilesError", "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError",
+    "NonFiniteError",
     "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RequestError", "SampleError",
-    "SecretLeakError", "ShardError", "TransportError", "VersionExistsError", "VersionNameError",
+    "SecretLeakError", "ShareError", "TransportError", "VersionExistsError", "VersionNameError",
 ]
 
 
@@ -37,11 +40,30 @@ class SampleError(ValueError):
 
 # -- configuration and the output directory ---------------------------------------------------------
 class ConfigError(HsDatasetError, ValueError):
-    """A build configuration (a builder script, ``--set``) is invalid: unknown field, bad value, missing file."""
+    """A build configuration (a builder script, ``--set``) is invalid: unknown field, bad value, missing file.
+
+    ``field`` names the configuration field (``max_length``, ``backend_options.tp_size``...) and ``value``
+    the value refused, where one field is at fault (else None).
+
+    Example::
+
+        >>> HiddenStatesConfig(model="m", source="s", max_length=0)
+        ConfigError: max_length=0: must be >= 1 (--set max_length=...)   # e.field == "max_length", e.value == 0
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, value: Any = None):
+        super().__init__(message)
+        self.field = field
+        self.value = value
 
 
 class MissingPathError(ConfigError, FileNotFoundError):
-    """A file or directory the configuration names does not exist (model, source, builder script...)."""
+    """A file or directory the configuration names does not exist (model, source, builder script...);
+    ``path`` is that path, where known."""
+
+    def __init__(self, message: str, *, path: str | None = None, field: str | None = None):
+        super().__init__(message, field=field, value=path)
+        self.path = path
 
 
 class ConfigMismatchError(HsDatasetError, RuntimeError):
@@ -54,19 +76,24 @@ class BuildLockedError(HsDatasetError, RuntimeError):
 
 class ForeignFilesError(HsDatasetError, RuntimeError):
     """The output directory holds files hs_dataset did not write (it is not empty and not a build, its
-    ``data/`` holds other files or links, or the source lies inside it): nothing was touched."""
+    ``data/`` holds other files or links, or the source lies inside it): nothing was touched. ``path``
+    is the folder or file at fault."""
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path
 
 
-class ShardError(HsDatasetError, RuntimeError):
-    """The shards of a build made by many workers cannot be merged (one missing, unfinished, given
+class ShareError(HsDatasetError, RuntimeError):
+    """The worker shares of a build made by many workers cannot be merged (one missing, unfinished, given
     twice, built with another configuration or plan, or holding damaged files), or a worker failed
-    for good; the message names the shard and what to do (:mod:`hs_dataset.scaleout`)."""
+    for good; the message names the share and what to do (:mod:`hs_dataset.scale`)."""
 
 
 class IntegrityError(HsDatasetError, RuntimeError):
     """A build's files differ from what its metadata records: a shard missing, changed (its content
     hash differs), truncated, holding other rows, or not listed at all. The message names each shard
-    and the part to rebuild; ``problems`` lists them (:class:`hs_dataset.verify.Problem`)."""
+    and the part to rebuild; ``problems`` lists them (:class:`hs_dataset.integrity.verify.Problem`)."""
 
     def __init__(self, message: str, problems: list | None = None):
         super().__init__(message)
@@ -138,7 +165,12 @@ class VersionExistsError(PublishError):
 
 
 class VersionNameError(PublishError, ValueError):
-    """The version name is or shadows a git ref on the Hub, or git refuses it; the message names the rule."""
+    """The version name is or shadows a git ref on the Hub, or git refuses it; the message names the rule.
+    ``version`` is the name refused."""
+
+    def __init__(self, message: str, *, version: str | None = None):
+        super().__init__(message)
+        self.version = version
 
 
 class SecretLeakError(PublishError):

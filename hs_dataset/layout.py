@@ -26,7 +26,7 @@ __all__ = [
     "FileFormat", "MaskMode", "NonfinitePolicy",
     "SampleIdMode", "StorageDtype", "TruncationMode", "layer_column", "layer_of", "scale_column", "shard_name",
     "state_columns", "utf8_safe",
-    "SHARDS_DIR", "SHARD_FILE", "shard_dir_name",
+    "SHARES_DIR", "SHARE_FILE", "share_dir_name",
 ]
 
 # -- choices (typed on HiddenStatesConfig; the CLI derives its choices from these) --------------------
@@ -57,15 +57,15 @@ STATE_DIR = ".hs_build"  # resume state: part records, staging, lock; never publ
 DAMAGED_FILE = "damaged.json"  # in STATE_DIR: parts a full verify found damaged; the next build redoes them
 REDACTED_FILE = "redacted.json"  # in STATE_DIR: salted hashes of the credentials the build redacted
 SHARD_RE = re.compile(r"^train-(\d{5,})-(\d{3,})\.(arrow|parquet)$")
-# A build made by many workers (hs_dataset.scaleout): OUT/.hs_build/shards/shard-IIIII-of-NNNNN/ is the
-# resumable build of one worker's share of the parts; its own .hs_build/shard.json says which share.
-SHARDS_DIR = "shards"  # in STATE_DIR (never published)
-SHARD_FILE = "shard.json"  # in a shard's STATE_DIR: its index and count, the whole plan, done
+# A build made by many workers (hs_dataset.scale): OUT/.hs_build/shares/share-IIIII-of-NNNNN/ is the
+# resumable build of one worker's share of the parts; its own .hs_build/share.json says which share.
+SHARES_DIR = "shares"  # in STATE_DIR (never published)
+SHARE_FILE = "share.json"  # in a share build's STATE_DIR: its index and count, the whole plan, done
 
 
-def shard_dir_name(index: int, count: int) -> str:
-    """``shard-IIIII-of-NNNNN``: the folder of shard ``index`` (0-based) of ``count``."""
-    return f"shard-{index:05d}-of-{count:05d}"
+def share_dir_name(index: int, count: int) -> str:
+    """``share-IIIII-of-NNNNN``: the folder of worker share ``index`` (0-based) of ``count``."""
+    return f"share-{index:05d}-of-{count:05d}"
 
 
 def shard_name(part: int, shard: int, file_format: str) -> str:

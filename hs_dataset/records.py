@@ -1,24 +1,22 @@
 """Records passed between the pipeline stages.
 
-source -> tokenize+mask -> capture backend -> encode -> shard writer -> publish -> reader
+prepare (source -> conversation -> tokens + mask) -> capture -> codec -> build -> hub -> read
 
 Every stage takes and returns these small dataclasses, so that each stage can be tested alone.
-A stage that cannot handle one sample raises :class:`SampleError`; the builder turns it into a
+A stage that cannot handle one sample raises :class:`~hs_dataset.errors.SampleError`; the builder turns it into a
 :class:`Reject` (sample id, field, reason) and goes on, so that samples in = written + rejected.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
+if TYPE_CHECKING:  # annotations only: the plugin-free stages and the command line import this module
+    import numpy as np
+    import torch
 
-from .errors import SampleError
-
-__all__ = ["CaptureResult", "Conversation", "Counts", "Message", "Reject", "SampleError", "SourceRow",
-           "TokenizedSample"]
+__all__ = ["CaptureResult", "Conversation", "Counts", "Message", "Reject", "SourceRow", "TokenizedSample"]
 
 @dataclass(frozen=True)
 class Message:
@@ -80,9 +78,9 @@ class CaptureResult:
     """Hidden states of one sample as the backend produced them (CPU tensors).
 
     ``states`` is ``[len(layers) + 1, T, H]``: the configured layers in the order of ``layers``,
-    then the final post-norm state. See :mod:`hs_dataset.backends.base` for the layer index
+    then the final post-norm state. See :mod:`hs_dataset.model_info` for the layer index
     convention. They are ``torch.bfloat16``, or, when ``scales`` is given, float8 e4m3 bits
-    (``torch.uint8``) with per-token float32 ``scales [len(layers) + 1, T]`` (:mod:`hs_dataset.fp8`;
+    (``torch.uint8``) with per-token float32 ``scales [len(layers) + 1, T]`` (:mod:`hs_dataset.codec.fp8`;
     the SGLang plugin quantizes on the GPU). The tensors may view a backend's transport memory
     (the SGLang ring): it is reused once nothing references them.
     """

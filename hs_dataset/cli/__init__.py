@@ -2,8 +2,8 @@
 
     hs-dataset plan builder_scripts/tiny_demo.py              (before GPU hours: samples, tokens, bytes, time)
     hs-dataset build builder_scripts/tiny_demo.py --output demo_out [--set key=value ...]
-    hs-dataset build ... --num-shards N|auto [--shard-index I]  (one worker of many; or --ray [ADDRESS])
-    hs-dataset merge demo_out [SHARD_DIR ...]                  (the shards into one build)
+    hs-dataset build ... --workers N|auto [--worker-index I]  (one worker of many; or --ray [ADDRESS])
+    hs-dataset merge demo_out [SHARE_DIR ...]                (the worker shares into one build)
     hs-dataset inspect demo_out [--plot demo.png]
     hs-dataset push demo_out org/name --version v1.0
     hs-dataset versions org/name
@@ -24,10 +24,16 @@ import os
 import sys
 import traceback
 
-from .. import __version__
-from ..errors import BuildInterrupted, HsDatasetError
-from .build import cmd_build
-from .options import common_parser, load_preset, parse_value
+from hs_dataset._version import __version__
+from hs_dataset.cli.build import cmd_build
+from hs_dataset.cli.build import register as register_build
+from hs_dataset.cli.hub import register as register_hub
+from hs_dataset.cli.inspect import register as register_inspect
+from hs_dataset.cli.interop import register as register_interop
+from hs_dataset.cli.options import common_parser, load_preset, parse_value
+from hs_dataset.cli.plan import register as register_plan
+from hs_dataset.cli.scale import register as register_scale
+from hs_dataset.errors import BuildInterrupted, HsDatasetError
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USER_ERROR", "cmd_build", "load_preset", "main", "make_parser", "parse_value"]
 
@@ -38,16 +44,15 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cmd | head` gives for any other c
 
 def make_parser() -> argparse.ArgumentParser:
     """The parser of every command (each module registers its own)."""
-    from . import build, hub, inspect, interop, plan, scaleout
-
     ap = argparse.ArgumentParser(prog="hs-dataset", description=(__doc__ or "").replace("``", ""),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"hs-dataset {__version__}")
     ap.add_argument("--debug", action="store_true", help="show the traceback of an error (also: HS_DATASET_DEBUG=1)")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     common = common_parser()
-    for module in (plan, build, scaleout, inspect, hub, interop):
-        module.register(sub, common)
+    for register in (register_plan, register_build, register_scale, register_inspect, register_hub,
+                     register_interop):
+        register(sub, common)
     return ap
 
 

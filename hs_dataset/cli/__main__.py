@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from hs_dataset.cli import main
 
 sys.exit(main())

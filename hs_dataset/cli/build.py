@@ -6,11 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import ConfigError, EmptyBuildError, RejectRateError
-from ..layout import REJECTS_FILE
-from .options import ConfigHelp, add_config_args, add_progress_arg, command_line, make_config
-from .render import print_rejects, size
-from .scaleout import add_build_args, scaleout_build, wants_scaleout
+from hs_dataset.write.rejects import read_rejects
+from hs_dataset.cli.hub import push
+from hs_dataset.cli.options import ConfigHelp, add_config_args, add_progress_arg, command_line, make_config
+from hs_dataset.cli.plan import show_plan
+from hs_dataset.cli.render import print_rejects, size
+from hs_dataset.cli.scale import add_build_args, scaleout_build, wants_scaleout
+from hs_dataset.errors import ConfigError, EmptyBuildError, RejectRateError
+from hs_dataset.layout import REJECTS_FILE
 
 __all__ = ["DEFAULT_MAX_REJECT_RATE", "cmd_build", "register"]
 
@@ -30,23 +33,21 @@ def _rate(text: str) -> float:
 
 
 def cmd_build(a: argparse.Namespace) -> int:
-    from ..shard_writer import build
-    from ..stats import read_rejects
+    from hs_dataset.write.driver import build  # deferred: imports torch, datasets
 
     config = make_config(a)
     if a.dry_run:
-        from .plan import show_plan
 
         return show_plan(config, a)
     if a.push:
-        from ..hub_access import check_hub
+        from hs_dataset.hub.access import check_hub  # deferred: huggingface_hub
 
         if not a.version:
             raise ConfigError("--push needs --version, e.g. --push org/name --version v1.0")
         check_hub(need_token=True)  # before the build, not after its GPU hours
-    if wants_scaleout(a):  # --num-shards / --shard-index / --ray: one worker of many (cli/scaleout.py)
+    if wants_scaleout(a):  # --workers / --worker-index / --ray: one worker of many (cli/scale.py)
         merged = scaleout_build(a, config, command_line())
-        if merged is None:  # this worker's shard is built; the worker of the last one merges (and pushes)
+        if merged is None:  # this worker's share is built; the worker of the last one merges (and pushes)
             return 0
         c = merged.counts
     else:
@@ -75,7 +76,6 @@ def cmd_build(a: argparse.Namespace) -> int:
                 f"{min(1.0, round(c.rejected / c.samples_in + 0.005, 2)):g}")
         print(f"every reject with its reason: {Path(a.output) / REJECTS_FILE}")
     if a.push:
-        from .hub import push
 
         push(a.output, a.push, a.version, force=a.force)
     return 0

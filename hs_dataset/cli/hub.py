@@ -7,18 +7,17 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..errors import MissingPathError
-from .options import add_progress_arg
-from .render import size, table
+from hs_dataset.write.progress import is_terminal
+from hs_dataset.cli.options import add_progress_arg
+from hs_dataset.cli.render import size, table
+from hs_dataset.errors import MissingPathError
 
 __all__ = ["cmd_push", "cmd_verify", "cmd_versions", "push", "register"]
 
 
 def _quiet_hub(no_progress: bool) -> None:
     """huggingface_hub's upload/download bars: off with --no-progress or without a terminal (a log)."""
-    from huggingface_hub.utils import disable_progress_bars
-
-    from ..progress import is_terminal
+    from huggingface_hub.utils import disable_progress_bars  # deferred: huggingface_hub
 
     if no_progress or not is_terminal():
         disable_progress_bars()
@@ -26,8 +25,8 @@ def _quiet_hub(no_progress: bool) -> None:
 
 def push(build_dir: str, repo_id: str, version: str, *, force: bool, as_json: bool = False) -> None:
     """Check the Hub (token, endpoint) first, push, print the outcome in a few lines (or JSON)."""
-    from ..hub_access import check_hub, endpoint_of, hub_errors
-    from ..publish import push_dataset
+    from hs_dataset.hub.access import check_hub, endpoint_of, hub_errors  # deferred: huggingface_hub
+    from hs_dataset.hub.publish import push_dataset  # deferred: imports torch, datasets
 
     user = check_hub(need_token=True)
     with hub_errors(repo_id=repo_id):
@@ -53,8 +52,8 @@ def cmd_push(a: argparse.Namespace) -> int:
 
 
 def cmd_versions(a: argparse.Namespace) -> int:
-    from ..hub_access import check_hub, hub_errors
-    from ..hub_versions import list_versions
+    from hs_dataset.hub.access import check_hub, hub_errors  # deferred: huggingface_hub
+    from hs_dataset.hub.versions import list_versions  # deferred: imports torch, datasets
 
     check_hub(need_token=False)
     with hub_errors(repo_id=a.repo_id):
@@ -80,8 +79,8 @@ def _num(n: int | None) -> str:
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
-    from ..hub_access import check_hub, hub_errors
-    from ..verify import verify_build, verify_repo
+    from hs_dataset.hub.access import check_hub, hub_errors  # deferred: huggingface_hub
+    from hs_dataset.integrity.verify import verify_build, verify_repo  # deferred: imports torch, datasets
 
     if a.revision is None and not Path(a.target).is_dir() and a.target.strip("/").count("/") != 1:
         raise MissingPathError(f"{a.target}: no such build directory (and not a repo id, org/name): check the path")

@@ -8,17 +8,20 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from ..errors import NotABuildError
-from ..layout import DATA_DIR, META_FILE
-from .render import histogram, print_rejects, size, table
+from hs_dataset.write.rejects import read_rejects
+from hs_dataset.cli.render import histogram, print_rejects, size, table
+from hs_dataset.errors import NotABuildError
+from hs_dataset.layout import DATA_DIR, META_FILE
 
 __all__ = ["cmd_inspect", "register"]
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
-    from ..stats import build_stats, plot_stats, read_rejects
-    from ..verify import verify_build
+    from hs_dataset.integrity.verify import verify_build  # deferred: imports torch, datasets
+    from hs_dataset.read.stats import build_stats, plot_stats  # deferred: imports torch, datasets
 
     out = Path(a.dir)
     if not (out / META_FILE).exists():
@@ -63,8 +66,6 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def _print_schema(out: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     files = sorted((out / DATA_DIR).glob("train-*"))
     if not files:

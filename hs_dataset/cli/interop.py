@@ -6,9 +6,9 @@ import argparse
 import shlex
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..layout import FILE_FORMATS, STORAGE_DTYPES
-from .options import add_progress_arg, layers_arg
+from hs_dataset.cli.options import add_progress_arg, layers_arg
+from hs_dataset.errors import ConfigError
+from hs_dataset.layout import FILE_FORMATS, STORAGE_DTYPES
 
 __all__ = ["cmd_export", "cmd_import", "register"]
 
@@ -16,7 +16,7 @@ FORMATS = ("specforge", "speculators", "modelopt")
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from ..interop import LAYER_IDS_FILE, export_dataset
+    from hs_dataset.interop import LAYER_IDS_FILE, export_dataset  # deferred: imports torch, datasets
 
     s = export_dataset(a.dir, a.to, a.out, layers=layers_arg(a.layers), group_size=a.group_size)
     print(f"exported {s.samples} samples to {s.output_dir} ({a.to} layout): {s.files} files, "
@@ -31,7 +31,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 
 def cmd_import(a: argparse.Namespace) -> int:
-    from ..interop import import_dataset
+    from hs_dataset.interop import import_dataset  # deferred: imports torch, datasets
 
     opts = [("--model", a.model), ("--layers", a.layers), ("--storage-dtype", a.storage_dtype),
             ("--file-format", a.file_format), ("--pad-id", a.pad_id if a.pad_id != "0" else None)]

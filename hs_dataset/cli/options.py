@@ -1,7 +1,7 @@
 """Options shared by the commands, defined once: the builder script and its config overrides
 (``--set``, ``--model``, ``--layers``...), ``--no-progress``, ``--debug``, and ``build --help``'s list
 of every config field and backend option, generated from :func:`hs_dataset.config.config_fields`
-and the backends' own signatures (:mod:`hs_dataset.backends.options`), so it cannot drift.
+and the backends' own signatures (:mod:`hs_dataset.capture.options`), so it cannot drift.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from ..config import coerce_field, config_fields, describe_type, did_you_mean, field_types
-from ..errors import ConfigError, MissingPathError
+from hs_dataset.capture.options import backend_options
+from hs_dataset.config import HiddenStatesConfig, coerce_field, config_fields, describe_type, did_you_mean, field_types
+from hs_dataset.errors import ConfigError, MissingPathError
+from hs_dataset.layout import BACKENDS
 
 __all__ = ["add_config_args", "add_progress_arg", "command_line", "common_parser", "config_help", "layers_arg",
            "load_preset", "make_config", "parse_value"]
@@ -92,7 +94,6 @@ def load_preset(path: str, sets: list[str]) -> dict[str, Any]:
 
 def make_config(a: argparse.Namespace):
     """The :class:`~hs_dataset.config.HiddenStatesConfig` of a command line (``a.script`` + ``a.set``)."""
-    from ..config import HiddenStatesConfig
 
     return HiddenStatesConfig(**load_preset(a.script, a.set))
 
@@ -167,8 +168,6 @@ def _wrapped(head: str, text: str) -> str:
 
 def config_help() -> str:
     """Every config field (type, default, one line) and every backend option: ``build --help``'s epilog."""
-    from ..backends.options import backend_options
-    from ..layout import BACKENDS
 
     types = field_types()
     lines = ["config fields (--set NAME=VALUE, or a builder script's CONFIG keys):"]

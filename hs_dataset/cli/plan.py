@@ -7,8 +7,10 @@ import argparse
 
 import numpy as np
 
-from .options import add_config_args, make_config
-from .render import histogram, print_rejects, size, table
+from hs_dataset.write.shares import share_parts
+from hs_dataset.cli.options import add_config_args, make_config
+from hs_dataset.cli.render import histogram, print_rejects, size, table
+from hs_dataset.scale.launchers import worker_count
 
 __all__ = ["cmd_plan", "duration", "register", "show_plan"]
 
@@ -24,7 +26,7 @@ def duration(seconds: float) -> str:
 
 def _rate_line(plan, given: float | None) -> tuple[float | None, str]:
     """The rate used for the estimate, and what it is."""
-    from ..plan import MEASURED_RATES, estimate_rate
+    from hs_dataset.write.plan import MEASURED_RATES, estimate_rate  # deferred: imports torch, datasets
 
     if given:
         return given, f"{given:,.0f} tok/s (given)"
@@ -41,9 +43,8 @@ def _rate_line(plan, given: float | None) -> tuple[float | None, str]:
 
 
 def show_plan(config, a: argparse.Namespace) -> int:
-    """Print the plan of ``config`` (``a``: ``tok_per_s``, ``num_shards`` where the command has them)."""
-    from ..plan import plan_build
-    from ..scaleout import shard_count, shard_parts
+    """Print the plan of ``config`` (``a``: ``tok_per_s``, ``workers`` where the command has them)."""
+    from hs_dataset.write.plan import plan_build  # deferred: imports torch, datasets
 
     p = plan_build(config)
     lengths = np.asarray(p.lengths, dtype=np.int64)
@@ -77,15 +78,15 @@ def show_plan(config, a: argparse.Namespace) -> int:
         print(f"time:     {what}")
     for note in p.notes:
         print(f"note:     {note}")
-    n = None if getattr(a, "num_shards", None) is None else shard_count(a.num_shards)
+    n = None if getattr(a, "workers", None) is None else worker_count(a.workers)
     if n:
-        print(f"shards:   {n} workers; part p goes to shard p % {n} (round-robin by part, as the build splits it)")
-        rows = []
-        for k, parts in enumerate(shard_parts(len(p.part_samples), n)):
+        print(f"workers:  {n}; part p goes to worker share p % {n} (round-robin by part, as the build splits it)")
+        shares: list[tuple] = []
+        for k, parts in enumerate(share_parts(len(p.part_samples), n)):
             tokens = sum(p.part_tokens[i] for i in parts)
-            rows.append((k, len(parts), f"{sum(p.part_samples[i] for i in parts):,}", f"{tokens:,}",
+            shares.append((k, len(parts), f"{sum(p.part_samples[i] for i in parts):,}", f"{tokens:,}",
                          duration(tokens / rate) if rate else "n/a"))
-        for line in table(("shard", "parts", "samples", "tokens", "time"), rows):
+        for line in table(("share", "parts", "samples", "tokens", "time"), shares):
             print(line)
     return 0
 
@@ -114,6 +115,6 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--tok-per-s", type=_positive(float), metavar="N",
                    help="prefill tokens/s of your engine, for the time estimate (default: a measured H200 figure "
                         "for the model's shape, where there is one)")
-    p.add_argument("--num-shards", metavar="N|auto", help="also print the split over N workers (auto: the launcher's "
+    p.add_argument("--workers", metavar="N|auto", help="also print the split over N workers (auto: the launcher's "
                                                          "count, SLURM_ARRAY_TASK_COUNT or torchrun's WORLD_SIZE)")
     p.set_defaults(fn=cmd_plan)

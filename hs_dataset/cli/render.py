@@ -7,12 +7,14 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from hs_dataset.write.card import human_bytes
+from hs_dataset.write.rejects import group_rejects
+
 __all__ = ["histogram", "print_rejects", "size", "table"]
 
 
 def size(n: float | None) -> str:
     """``5.10 MiB``: bytes in binary units (``n/a`` for None)."""
-    from ..card import human_bytes
 
     return "n/a" if n is None else human_bytes(n).split(" (")[0]
 
@@ -51,8 +53,7 @@ def histogram(values: Sequence[int] | np.ndarray, bins: int = 8, width: int = 40
 
 
 def print_rejects(rejects: list[dict], total: int, *, most: int = 8, file=None) -> None:
-    """The reject breakdown (grouped by :func:`hs_dataset.stats.group_rejects`), most common first."""
-    from ..stats import group_rejects
+    """The reject breakdown (grouped by :func:`hs_dataset.write.rejects.group_rejects`), most common first."""
 
     file = file or sys.stdout
     groups = group_rejects(rejects)

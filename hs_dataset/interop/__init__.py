@@ -10,7 +10,7 @@ last layer).
 
 Labels are never guessed: a state before the final norm is stored as ``hidden_layer_{L-1}``, and
 ``hidden_final`` is either the file's post-norm state or computed with the model's own final norm.
-``layers`` are always given in hs_dataset's convention (see :mod:`hs_dataset.backends.base`).
+``layers`` are always given in hs_dataset's convention (see :mod:`hs_dataset.model_info`).
 """
 
 from __future__ import annotations
@@ -19,20 +19,17 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..errors import InteropError
-from .common import EXPORT_SIDECAR, LAYER_IDS_FILE, ExportSummary
-from .importer import FileCaptureBackend, ImportSummary, run_import
-from .layer_ids import drafter_layer_ids
-from .modelopt import export_modelopt, modelopt_source
-from .specforge import (
-    SPECFORGE_GROUP_SIZE,
-    SPECFORGE_PAD_ID,
-    export_specforge,
-    list_specforge,
-    specforge_file,
-    specforge_source,
-)
-from .speculators import export_speculators, speculators_source
+from hs_dataset.codec.encode import check_storage_dtype
+from hs_dataset.errors import InteropError
+from hs_dataset.interop.common import EXPORT_SIDECAR, LAYER_IDS_FILE, ExportSummary, read_sidecar
+from hs_dataset.interop.importer import FileCaptureBackend, ImportSummary, run_import
+from hs_dataset.interop.layer_ids import drafter_layer_ids
+from hs_dataset.interop.modelopt import export_modelopt, modelopt_source
+from hs_dataset.interop.specforge import (SPECFORGE_GROUP_SIZE, SPECFORGE_PAD_ID, export_specforge, list_specforge,
+                                          specforge_file, specforge_source)
+from hs_dataset.interop.speculators import export_speculators, speculators_source
+from hs_dataset.layout import FileFormat, StorageDtype
+from hs_dataset.model_info import read_model_info
 
 __all__ = ["EXPORT_FORMATS", "EXPORT_SIDECAR", "IMPORT_FORMATS", "LAYER_IDS_FILE", "SPECFORGE_GROUP_SIZE",
            "SPECFORGE_PAD_ID", "ExportSummary", "FileCaptureBackend", "ImportSummary", "InteropError",
@@ -74,7 +71,8 @@ def export_dataset(src: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
 
 
 def import_dataset(src: str | os.PathLike, fmt: str, out: str | os.PathLike, *, model: str | None = None,
-                   layers: Iterable[int] | None = None, storage_dtype: str = "bfloat16", file_format: str = "arrow",
+                   layers: Iterable[int] | None = None, storage_dtype: StorageDtype = "bfloat16",
+                   file_format: FileFormat = "arrow",
                    part_size: int = 256, progress: bool = False, build_command: str | None = None,
                    pad_id: int | None = SPECFORGE_PAD_ID, final_prenorm: bool | None = None,
                    trust_remote_code: bool = False) -> ImportSummary:
@@ -99,9 +97,6 @@ def import_dataset(src: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
         InteropError: an unknown format, an unusable source, or no usable sample at all (one bad
             sample is a reject in ``rejects.jsonl``, not an error).
     """
-    from ..backends.base import read_model_info
-    from ..encode import check_storage_dtype
-    from .common import read_sidecar
 
     if fmt not in IMPORT_FORMATS:
         raise InteropError(f"unknown format {fmt!r}: use one of {', '.join(IMPORT_FORMATS)}")

@@ -25,9 +25,12 @@ from typing import Any
 
 import torch
 
-from ..errors import InteropError
-from ..layout import META_FILE, layer_column
-from .layer_ids import drafter_layer_ids
+from hs_dataset.atomic import atomic_write
+from hs_dataset.errors import InteropError
+from hs_dataset.interop.layer_ids import drafter_layer_ids
+from hs_dataset.layout import META_FILE, layer_column
+from hs_dataset.read.iterate import iter_torch
+from hs_dataset.read.open import open_dataset
 
 __all__ = ["EXPORT_SIDECAR", "LAYER_IDS_FILE", "ExportFrame", "ExportSummary", "ImportedSample", "InteropError",
            "Peek", "SourceFile", "index_of", "read_sidecar", "torch_load"]
@@ -138,7 +141,6 @@ class ExportFrame:
 
     def rows(self, columns: list[str]) -> Iterator[dict[str, Any]]:
         """The build's rows in order (id, input_ids, loss_mask and ``columns``), decoded to bf16."""
-        from ..reader import iter_torch, open_dataset
 
         self.out.mkdir(parents=True, exist_ok=True)
         for row in iter_torch(open_dataset(self.src), batch_size=4, columns=columns):
@@ -161,7 +163,6 @@ class ExportFrame:
 
     def finish(self, layers: list[int], **extra: Any) -> ExportSummary:
         """Write the sidecar (``layers``: every layer the files carry, hs_dataset convention) and layer ids."""
-        from ..resume import atomic_write
 
         info = self.meta["model"]
         ids = drafter_layer_ids(info["architecture"], self.num_layers, self.aux)

@@ -14,8 +14,9 @@ import os
 from dataclasses import dataclass
 
 import torch
+from safetensors import safe_open
 
-from ..errors import InteropError
+from hs_dataset.errors import InteropError
 
 __all__ = ["RMSNORM_MODEL_TYPES", "FinalNorm", "load_final_norm"]
 
@@ -61,7 +62,6 @@ def load_final_norm(model_dir: str | os.PathLike, why: str) -> FinalNorm:
     ``why`` says what needs it (for the error message). Raises :class:`InteropError` when the
     directory has no weights, or the model's norm is not a plain RMSNorm.
     """
-    from safetensors import safe_open
 
     model_dir = str(model_dir)
     with open(os.path.join(model_dir, "config.json")) as f:

@@ -1,6 +1,6 @@
 """The import driver: a format's reader (:class:`ForeignSource`) -> a normal hs_dataset build.
 
-Imports go through :func:`hs_dataset.shard_writer.build` with a capture backend that reads the
+Imports go through :func:`hs_dataset.write.driver.build` with a capture backend that reads the
 source files, so the rows, shards, ``hs_dataset.json``, ``README.md`` and ``rejects.jsonl`` are
 written by the same code as a normal build, and an import is resumable like one.
 
@@ -21,12 +21,15 @@ from typing import Any, Literal
 
 import torch
 
-from ..backends.base import ModelInfo, check_layers, read_model_info
-from ..errors import InteropError, SampleError
-from ..layout import STATE_DIR
-from ..records import CaptureResult, Reject, TokenizedSample
-from .common import ImportedSample, Peek, SourceFile
-from .final_norm import FinalNorm, load_final_norm
+from hs_dataset.write.driver import build
+from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.errors import InteropError, SampleError
+from hs_dataset.interop.common import ImportedSample, Peek, SourceFile
+from hs_dataset.interop.final_norm import FinalNorm, load_final_norm
+from hs_dataset.layout import STATE_DIR, FileFormat, StorageDtype
+from hs_dataset.model_info import ModelInfo, check_layers, read_model_info
+from hs_dataset.prepare.tokenizer import load_tokenizer
+from hs_dataset.records import CaptureResult, Reject, TokenizedSample
 
 __all__ = ["FileCaptureBackend", "ForeignSource", "ImportSummary", "run_import"]
 
@@ -78,7 +81,7 @@ class FileCaptureBackend:
     def __init__(self, src: ForeignSource, info: ModelInfo, layers: tuple[int, ...], norm: FinalNorm | None):
         self.name = f"import-{src.fmt}"
         self.continuous = False
-        self.encodings = ("bfloat16",)
+        self.encodings: tuple[StorageDtype, ...] = ("bfloat16",)
         self.info = info
         self.layers = tuple(layers)
         self._src = src
@@ -169,7 +172,7 @@ def _peek_all(src: ForeignSource, info: ModelInfo, layers: tuple[int, ...], voca
 def _resolve_layers(src: ForeignSource, info: ModelInfo, layers: Iterable[int] | None) -> tuple[int, ...]:
     given = layers is not None
     try:
-        out = check_layers(layers if given else src.layers, info)
+        out = check_layers(src.layers if layers is None else layers, info)
     except ValueError as e:
         raise InteropError(f"{e} ({'--layers' if given else src.layers_from}); pass --layers: the {src.fmt} files' "
                            "layers in hs_dataset's convention") from None
@@ -182,12 +185,9 @@ def _resolve_layers(src: ForeignSource, info: ModelInfo, layers: Iterable[int] |
 
 
 def run_import(src: ForeignSource, out: str | os.PathLike, *, model: str, source_dir: Path,
-               layers: Iterable[int] | None, storage_dtype: str, file_format: str, part_size: int,
+               layers: Iterable[int] | None, storage_dtype: StorageDtype, file_format: FileFormat, part_size: int,
                progress: bool, build_command: str, trust_remote_code: bool = False) -> ImportSummary:
     """Peek and check every file of ``src``, write the import index, run the build."""
-    from ..config import HiddenStatesConfig
-    from ..shard_writer import build
-    from ..tokenize_mask import load_tokenizer
 
     if not src.files:
         raise InteropError(f"{source_dir}: no {src.fmt} sample files found")

@@ -1,6 +1,6 @@
 """The layer ids a drafter config needs, per serving engine, for layers in hs_dataset's convention.
 
-hs_dataset's ``layer k`` is the output of decoder layer k (see :mod:`hs_dataset.backends.base`).
+hs_dataset's ``layer k`` is the output of decoder layer k (see :mod:`hs_dataset.model_info`).
 The engines name the same state differently:
 
 vLLM (``EagleModelMixin._maybe_add_hidden_state`` in ``vllm/model_executor/models/interfaces.py``)

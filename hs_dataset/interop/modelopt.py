@@ -29,10 +29,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import SampleError
-from ..layout import FINAL_COLUMN
-from .common import ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile, read_sidecar, torch_load
-from .importer import _UNREADABLE, ForeignSource
+from hs_dataset.errors import SampleError
+from hs_dataset.interop.common import (ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile,
+                                       read_sidecar, torch_load)
+from hs_dataset.interop.importer import _UNREADABLE, ForeignSource
+from hs_dataset.layout import FINAL_COLUMN
 
 __all__ = ["export_modelopt", "modelopt_default_layers", "modelopt_file_name", "modelopt_source"]
 

@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from ..errors import SampleError
-from ..layout import FINAL_COLUMN
-from .common import (ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile, index_of,
-                     read_sidecar, torch_load)
-from .importer import ForeignSource
+from hs_dataset.errors import SampleError
+from hs_dataset.interop.common import (ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile,
+                                       index_of, read_sidecar, torch_load)
+from hs_dataset.interop.importer import ForeignSource
+from hs_dataset.layout import FINAL_COLUMN
 
 __all__ = ["SPECFORGE_GROUP_SIZE", "SPECFORGE_PAD_ID", "export_specforge", "list_specforge", "specforge_file",
            "specforge_record", "specforge_source"]
@@ -102,7 +102,7 @@ def export_specforge(src: str | os.PathLike, out: str | os.PathLike, *, group_si
 def list_specforge(src: str | os.PathLike) -> list[SourceFile]:
     """SpecForge's ``data_{i}.ckpt`` (or ``.ckpt.gz``) files under ``src``, by sample index."""
     files = []
-    for root, _, names in os.walk(src):
+    for root, _, names in os.walk(os.fspath(src)):
         for name in names:
             if name.endswith((".ckpt", ".ckpt.gz")):
                 p = Path(root) / name

@@ -37,13 +37,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
-from ..errors import SampleError
-from .common import (ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile, index_of,
-                     read_sidecar, torch_load)
-from .importer import ForeignSource
+from hs_dataset.errors import SampleError
+from hs_dataset.interop.common import (ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile,
+                                       index_of, read_sidecar, torch_load)
+from hs_dataset.interop.importer import ForeignSource
 
 __all__ = ["export_speculators", "fp8_dequantize", "speculators_source"]
 
@@ -70,8 +73,6 @@ def export_speculators(src: str | os.PathLike, out: str | os.PathLike, *,
     Raises:
         InteropError: not a finished build, ``out`` not empty, or layer ``L-1`` not stored.
     """
-    import datasets
-    from safetensors.torch import save_file
 
     x = ExportFrame("speculators", src, out, layers)
     last = x.num_layers - 1
@@ -157,9 +158,6 @@ def speculators_source(src: Path, L: int) -> ForeignSource:
     ``src`` is the preprocessed-data directory (with ``hidden_states/``), the ``hidden_states``
     folder itself (the dataset is then its parent), or a legacy folder of ``data_<i>.pt`` files.
     """
-    import datasets
-    from safetensors import safe_open
-    from safetensors.torch import load_file
 
     hs_dir, ds_dir = (src / HS_DIR, src) if (src / HS_DIR).is_dir() else (src, src.parent)
     found = _hs_files(hs_dir)

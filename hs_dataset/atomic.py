@@ -1,0 +1,46 @@
+"""Crash-safe file writes: a reader sees a file's old or new content, never a part of it.
+
+Imports nothing heavy: every stage that writes a record uses it (the build, the merge, redaction).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ['atomic_write', 'fsync_dir', 'fsync_file']
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write a file so that readers see the old or the new content, never a part.
+
+    The text goes to ``.<name>.tmp-<pid>`` (removed if writing fails; a killed writer's leftover
+    is removed by the next build), is fsynced, then renamed over ``path``; the folder is fsynced.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())

@@ -1,0 +1,231 @@
+"""SGLang capture backend: prefill-only requests to a patched SGLang engine, states through a
+shared-memory ring (:mod:`hs_dataset.capture.transport`), one ring client over either way of reaching
+SGLang.
+
+Two ways to reach SGLang:
+
+* in-process (default, :mod:`hs_dataset.capture.sglang.engine`): starts ``sglang.Engine`` with
+  ``HS_DATASET_CAPTURE`` set, so the hs_dataset plugin (:mod:`hs_dataset.capture.sglang.plugin`) loads
+  in every scheduler / TP process; the ring lives in a private folder ``<ring_dir>/hs_dataset-<id>``
+  (``ring_dir`` default /dev/shm);
+* attach (``sglang_url=...``, :mod:`hs_dataset.capture.sglang.attach`): a server already started with
+  the plugin, e.g.::
+
+      HS_DATASET_CAPTURE='{"layers": [3, 31, 59], "dir": "/dev/shm/hs"}' \\
+          python -m sglang.launch_server --model-path M --tp 8 --disable-radix-cache --skip-tokenizer-init
+
+  plus ``ring_dir`` naming the same folder (both must reach it: one machine). Several builders can
+  attach to one server at once; each has its own ring file in that folder.
+
+Each sample is one request with ``max_new_tokens=1`` and a request id naming the ring and the
+request's slot; before it is submitted, its region of the ring is reserved, so at most
+``max_inflight`` requests and at most ``ring_bytes`` of states are in flight. Results are yielded in
+input order as views of the ring (no copy); a region is reused once nothing references them.
+
+The radix cache is disabled in-process: a prefix hit skips computing those positions, so their
+hidden states would not exist. (In attach mode the plugin reports such a hit; the sample is
+rejected.) Chunked prefill is supported: each chunk lands at its rows of the request's region.
+Prefill CUDA graphs are turned off in-process (the plugin refuses them: they would replay passes
+without its hooks); decode graphs are unaffected.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from hs_dataset.capture.sglang.attach import AttachedServer
+from hs_dataset.capture.sglang.engine import OwnEngine
+from hs_dataset.capture.sglang.ring_client import RID_PREFIX, RingClient
+from hs_dataset.capture.sglang.versions import check_sglang_version
+from hs_dataset.capture.transport import (MANIFEST, MEMORY_FS, PLUGIN_ERROR, PLUGIN_STATS, Ring, file_system_type,
+                                          private_dir, remove_stale)
+from hs_dataset.errors import BackendError, TransportError
+from hs_dataset.layout import StorageDtype
+from hs_dataset.model_info import ModelInfo, target_of
+from hs_dataset.prepare.regenerate import Generation, Prompt
+
+__all__ = ["SGLangBackend"]
+
+DEFAULT_RING_BYTES = 4 << 30
+
+
+def _default_ring_parent() -> str:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else os.environ.get("TMPDIR", "/tmp")
+
+
+class SGLangBackend(RingClient):
+    """Captures hidden states through SGLang (see the module docstring).
+
+    Args:
+        model: local model directory. layers: see :mod:`hs_dataset.model_info`.
+        tp_size: tensor parallel size (in-process engine).
+        sglang_url: attach to a running patched server instead of starting one (``user:password@``
+            in it is sent as HTTP basic auth).
+        ring_dir: in-process: where the private ring folder is made (default /dev/shm); attach:
+            the folder named ``dir`` in the server's ``HS_DATASET_CAPTURE`` (required).
+        ring_bytes: size of the shared-memory ring (default 4 GiB): the states in flight at once.
+        max_inflight: requests outstanding at once.
+        prefetch: results read from the ring ahead of the consumer.
+        chunked_prefill_size: passed to SGLang (None: SGLang's default).
+        request_timeout: seconds without progress before the build stops with an error.
+        engine_args: more ``sglang.Engine`` arguments (e.g. attention_backend, mem_fraction_static).
+        trust_remote_code: the engine's ``trust_remote_code`` (Kimi-K2.5's tokenizer and processor need
+            it), unless ``engine_args`` set it.
+    """
+
+    name = "sglang"
+    continuous = True  # the engine batches continuously: the build feeds it one stream across parts
+    encodings: tuple[StorageDtype, ...] = ("bfloat16", "fp8_e4m3")  # fp8 is quantized on the GPU by the plugin
+
+    def __init__(self, model: str | ModelInfo, layers: Iterable[int], *, revision: str | None = None,
+                 tp_size: int = 1, sglang_url: str | None = None, ring_dir: str | None = None,
+                 ring_bytes: int = DEFAULT_RING_BYTES, max_inflight: int = 32, chunked_prefill_size: int | None = None,
+                 request_timeout: float = 600.0, prefetch: int = 4, engine_args: dict[str, Any] | None = None,
+                 trust_remote_code: bool = False):
+        self.info, self.layers = target_of(model, layers, revision)
+        self.max_inflight = int(max_inflight)
+        self.prefetch = max(1, int(prefetch))
+        self.request_timeout = float(request_timeout)
+        self.server: OwnEngine | AttachedServer | None = None
+        self._seq = 0
+        self.ring: Ring | None = None
+        self._dir_lock = -1
+        self.sglang_version = "attached" if sglang_url else check_sglang_version()
+        try:
+            if sglang_url:
+                if ring_dir is None:
+                    raise BackendError("attaching to a server (sglang_url) needs ring_dir: the folder named \"dir\" "
+                                       "in the server's HS_DATASET_CAPTURE")
+                self.dir = Path(ring_dir)
+                self.dir.mkdir(parents=True, exist_ok=True)
+                remove_stale(self.dir)
+            else:
+                parent = ring_dir or _default_ring_parent()
+                remove_stale(parent)
+                self.dir, self._dir_lock = private_dir(parent)
+            self.ring = self._make_ring(int(ring_bytes))
+            if sglang_url:
+                self.server = AttachedServer(sglang_url, max_inflight=self.max_inflight, timeout=self.request_timeout)
+            else:
+                self.server = OwnEngine(self.info.path, self.layers, ring_dir=str(self.dir), ring_token=self.ring.token,
+                                        rid_prefix=RID_PREFIX, tp_size=tp_size, chunked_prefill_size=chunked_prefill_size,
+                                        engine_args={"trust_remote_code": bool(trust_remote_code), **(engine_args or {})})
+            self._check_manifest()
+            if self.ring.attached_pid:
+                self.ring.unlink()  # both sides have it mapped: from now on a crash leaves no file behind
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def url(self) -> str | None:
+        """The attached server's URL (without credentials), None for an in-process engine."""
+        return self.server.url if isinstance(self.server, AttachedServer) else None
+
+    def _make_ring(self, nbytes: int) -> Ring:
+        kind = file_system_type(self.dir)
+        if kind is not None and kind not in MEMORY_FS:
+            raise BackendError(f"backend_options.ring_dir {self.dir} is on {kind}: the shared-memory ring must be on a "
+                               "memory file system (tmpfs, e.g. /dev/shm), which the GPU can write to directly")
+        try:
+            return Ring.create(self.dir, nbytes)
+        except TransportError as e:
+            raise BackendError(str(e)) from None
+
+    def _check_manifest(self) -> None:
+        err = Path(self.dir, PLUGIN_ERROR)
+        assert self.server is not None
+        deadline = time.monotonic() + self.server.manifest_wait_s
+        man = Path(self.dir, MANIFEST)
+        while not man.exists():
+            if err.exists():
+                raise BackendError("the hs_dataset SGLang plugin failed in the scheduler:\n" + err.read_text())
+            if time.monotonic() > deadline:
+                raise BackendError(
+                    f"the hs_dataset SGLang plugin did not report ready in {self.dir}: is hs_dataset pip-installed "
+                    "in SGLang's environment (entry point sglang.srt.plugins: hs_dataset_capture), SGLANG_PLUGINS "
+                    "allowing it, and (attach mode) the server started with HS_DATASET_CAPTURE naming this ring_dir?")
+            time.sleep(0.1)
+        m = json.loads(man.read_text())
+        if list(m["layers"]) != list(self.layers):
+            raise BackendError(f"the SGLang server captures layers {m['layers']}, this build wants {list(self.layers)}: "
+                               "restart the server with matching HS_DATASET_CAPTURE")
+        if int(m["hidden_size"]) != self.info.hidden_size:
+            raise BackendError(f"the SGLang server's model has hidden size {m['hidden_size']}, this build's model "
+                               f"{self.info.hidden_size}: attach to a server of the same model")
+        self.manifest = m
+
+    def _alive(self) -> None:
+        if self.server is not None:
+            self.server.alive()
+
+    def plugin_stats(self) -> dict[str, float] | None:
+        """The plugin's running totals (see :mod:`hs_dataset.sglang_plugin`), up to 0.5 s old; None before any."""
+        try:
+            return json.loads(Path(self.dir, PLUGIN_STATS).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def versions(self) -> dict[str, str]:
+
+        return {"sglang": self.sglang_version, "torch": torch.__version__}
+
+    # -- requests ---------------------------------------------------------------------------------
+    def _submit(self, rid: str, ids: list[int], params: dict | None = None) -> cf.Future:
+        assert self.server is not None
+        return self.server.submit(rid, ids, params or {"max_new_tokens": 1, "temperature": 0.0})
+
+    def generate(self, prompts: list[Prompt]) -> list[Generation]:
+        """Regenerate replies (:mod:`hs_dataset.prepare.regenerate`) on the same engine: ordinary requests with
+        ids that are not capture ids (their passes are never captured), at most ``max_inflight`` at once,
+        seeded per prompt (``sampling_seed``)."""
+        results: list[Generation | None] = [None] * len(prompts)
+        inflight: dict[int, cf.Future] = {}
+        pending = list(enumerate(prompts))[::-1]
+        while pending or inflight:
+            while pending and len(inflight) < self.max_inflight:
+                k, p = pending.pop()
+                o = p.options
+                params = {"max_new_tokens": p.max_new_tokens, "temperature": o.temperature, "top_p": o.top_p,
+                          "top_k": o.top_k, "stop_token_ids": list(p.stop_ids), "sampling_seed": p.seed,
+                          "skip_special_tokens": False}
+                self._seq += 1
+                assert self.ring is not None
+                inflight[k] = self._submit(f"hsgen-{self.ring.token}-{self._seq}", p.ids, params)
+            k = next(iter(inflight))
+            out = self._wait(inflight.pop(k))
+            out = out[0] if isinstance(out, list) else out
+            ids = list(out.get("output_ids") or [])
+            finish = (out.get("meta_info") or {}).get("finish_reason") or {}
+            kind = finish.get("type") if isinstance(finish, dict) else None
+            if kind == "abort":
+                raise BackendError(f"SGLang aborted a generation request: {finish.get('message')}")
+            stopped = kind == "stop"
+            if stopped and ids and ids[-1] in prompts[k].stop_ids:
+                ids = ids[:-1]
+            results[k] = Generation(ids, stopped)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the engine (in-process) or let go of the server, then remove the ring and its folder."""
+        if self.server is not None:
+            try:
+                self.server.close()
+            finally:
+                self.server = None
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        if self._dir_lock >= 0:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            os.close(self._dir_lock)
+            self._dir_lock = -1

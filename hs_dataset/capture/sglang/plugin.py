@@ -1,0 +1,229 @@
+"""The SGLang plugin's hooks (entry point ``sglang.srt.plugins: hs_dataset_capture`` =
+``hs_dataset.sglang_plugin:register``), SGLang >= 0.5.11.
+
+SGLang runs :func:`register` in the engine process and in every scheduler / TP worker process.
+It does nothing unless ``HS_DATASET_CAPTURE`` is set (JSON: ``layers``, ``dir``, ``rid_prefix``,
+optionally ``ring``), which :class:`hs_dataset.capture.sglang.backend.SGLangBackend` does (or the user,
+for a server the builder attaches to); so installing hs_dataset changes no other SGLang use.
+
+Hooks (through SGLang's ``HookRegistry``; no SGLang file is copied or forked):
+
+* AFTER ``ModelRunner.load_model``: find the text model, the module that owns the EAGLE-3 aux
+  capture (the loaded model, or its ``language_model`` in wrappers such as Kimi-K2.5's
+  ``KimiK25ForConditionalGeneration``), check the layers, TP rank and parallelism, and write a
+  manifest into ``dir`` (TP rank 0). The capture stays **off**: it costs nothing for requests
+  that are not ours.
+* AROUND ``ModelRunner.forward``: for an EXTEND pass (``forward_mode.is_extend()``) that holds
+  requests of ours, turn the aux capture on for that pass only, with the captured positions set
+  directly (``layers_to_capture = [k + 1 for k in layers]``: the state entering decoder layer k+1 =
+  the output of layer k), bypassing ``set_eagle3_layers_to_capture`` and its model-dependent +1.
+  Decode passes and other requests' passes run exactly as without the plugin.
+* A forward hook on the text model's final norm, only when the last decoder layer ``L-1`` is
+  requested: its output's residual is that layer's output before the norm.
+* AROUND ``LogitsProcessor.forward`` (the text model's own): it receives the final post-norm
+  states of every token and the aux states, which TP rank 0 hands to
+  :func:`hs_dataset.capture.sglang.ring_copy.copy_pass` (split by request, copied into the
+  builders' rings). After TP's all-reduce the states are replicated: other ranks write nothing.
+
+TP rank 0 also keeps running totals in ``plugin-stats.json`` in ``dir`` (passes and rows captured,
+seconds spent in the hook on the scheduler thread, waiting for copies), so a slow build can tell the
+engine's cost from its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import traceback
+from pathlib import Path
+
+import torch
+
+from hs_dataset.capture.sglang.ring_copy import Completer, S, atomic_json, copy_pass, ring_of
+from hs_dataset.capture.sglang.versions import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
+from hs_dataset.capture.transport import ENV, MANIFEST, PLUGIN_ERROR
+
+__all__ = ["register"]
+
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
+LOGITS_PROCESSOR = "sglang.srt.layers.logits_processor.LogitsProcessor"
+PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
+HOOK_TARGETS = (MODEL_RUNNER + ".load_model", MODEL_RUNNER + ".forward", LOGITS_PROCESSOR + ".forward")
+# Read, not hooked: which TP rank this process is (ModelRunner's own attributes moved between versions).
+PARALLEL_TARGETS = (PARALLEL_STATE + ".get_tensor_model_parallel_rank",
+                    PARALLEL_STATE + ".get_tensor_model_parallel_world_size",
+                    PARALLEL_STATE + ".get_pipeline_model_parallel_world_size")
+WRAPPER_ATTRS = ("language_model",)  # where ...ForConditionalGeneration wrappers keep their text model
+
+
+
+
+
+
+def _resolve(target: str) -> object:
+    """Import ``a.b.C.meth``; raise ImportError naming the missing piece."""
+    parts = target.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for j, name in enumerate(parts[i:]):
+            if not hasattr(obj, name):
+                raise ImportError(f"hs_dataset SGLang plugin: hook target {'.'.join(parts[:i + j + 1])} does not "
+                                  f"exist in this SGLang version (supported: {SUPPORTED_SGLANG})")
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(f"hs_dataset SGLang plugin: cannot import any module of {target}")
+
+
+def _config() -> dict | None:
+    raw = os.environ.get(ENV)
+    if not raw:
+        return None
+    cfg = json.loads(raw)
+    cfg["layers"] = [int(k) for k in cfg["layers"]]
+    cfg.setdefault("rid_prefix", "hsds-")
+    return cfg
+
+
+def register() -> None:
+    """Entry point: register the hooks when ``HS_DATASET_CAPTURE`` is set."""
+    cfg = _config()
+    if cfg is None:
+        return
+    try:
+        import sglang  # optional: pip install 'hs-dataset[sglang]'
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # optional: pip install 'hs-dataset[sglang]'
+
+        if sglang_version_tuple(sglang.__version__) < MIN_SGLANG:
+            raise ImportError(f"sglang {sglang.__version__} has no plugin framework (needs {SUPPORTED_SGLANG})")
+        for t in HOOK_TARGETS + PARALLEL_TARGETS:
+            _resolve(t)
+        S.config = cfg
+        HookRegistry.register(MODEL_RUNNER + ".load_model", _after_load_model, HookType.AFTER)
+        HookRegistry.register(MODEL_RUNNER + ".forward", _around_forward, HookType.AROUND)
+        HookRegistry.register(LOGITS_PROCESSOR + ".forward", _around_logits, HookType.AROUND)
+    except BaseException:
+        _plugin_error(cfg, traceback.format_exc())
+        raise
+
+
+def _plugin_error(cfg: dict, text: str) -> None:
+    try:
+        Path(cfg["dir"], PLUGIN_ERROR).write_text(text)
+    except OSError:
+        pass
+
+
+def find_text_model(model):
+    """The module owning the EAGLE-3 aux capture: ``model`` itself or a wrapper's text model."""
+    for m in [model] + [getattr(model, a, None) for a in WRAPPER_ATTRS]:
+        if m is not None and hasattr(m, "capture_aux_hidden_states") and \
+                hasattr(getattr(m, "model", None), "layers_to_capture"):
+            return m
+    raise RuntimeError(f"{type(model).__name__} has no EAGLE-3 aux hidden-state capture in this SGLang version "
+                       f"(needs capture_aux_hidden_states and model.layers_to_capture on the model or on its "
+                       f"{' / '.join(WRAPPER_ATTRS)})")
+
+
+def _check_engine(runner) -> None:
+    args = getattr(runner, "server_args", None)
+    if getattr(args, "enable_dp_attention", False):
+        # Each DP rank schedules its own requests, but only TP rank 0 writes: the other ranks'
+        # samples would never arrive. Refused rather than left to time out.
+        raise RuntimeError("DP attention (--enable-dp-attention) is not supported by the hs_dataset capture: "
+                           "start the engine without it")
+    prefill = getattr(getattr(getattr(args, "cuda_graph_config", None), "prefill", None), "backend", "disabled")
+    if str(getattr(prefill, "value", prefill)).lower() not in ("disabled", "none"):
+        raise RuntimeError(f"prefill CUDA graphs (backend {prefill!r}) replay passes without the hs_dataset capture "
+                           "hooks: start SGLang with --cuda-graph-backend-prefill disabled (decode graphs may stay on)")
+
+
+def _after_load_model(result, runner, *args, **kwargs):
+    cfg = S.config
+    try:
+        text = find_text_model(runner.model)
+        inner = text.model
+        _check_engine(runner)
+        tp_rank, tp_size, pp_size = (int(_resolve(t)()) for t in PARALLEL_TARGETS)
+        if pp_size != 1:
+            raise RuntimeError("pipeline parallelism is not supported by the hs_dataset capture (use pp_size=1)")
+        num_layers = len(inner.layers)
+        bad = [k for k in cfg["layers"] if not 0 <= k <= num_layers - 1]
+        if bad:
+            raise RuntimeError(f"layers {bad} out of range 0..{num_layers - 1}")
+        S.text, S.tp_rank = text, tp_rank
+        S.aux_ids = [k + 1 for k in cfg["layers"] if k < num_layers - 1]
+        S.prenorm = num_layers - 1 in cfg["layers"]
+        _capture_on(False)  # off until a pass holds requests of ours
+        if S.prenorm:
+            inner.norm.register_forward_hook(_after_final_norm)
+        if S.tp_rank != 0:  # replicated states: rank 0 writes them; the others only say they are here
+            atomic_json(Path(cfg["dir"], f"plugin-rank-{tp_rank}.json"), {"pid": os.getpid(), "tp_rank": tp_rank})
+            return None
+        S.side_stream = torch.cuda.Stream()
+        S.completer = Completer(cfg["dir"])
+        if cfg.get("ring"):
+            ring_of(cfg["ring"])  # the in-process builder's ring: mapped now, before the first request
+        manifest = {"pid": os.getpid(), "layers": cfg["layers"], "layers_to_capture": S.aux_ids,
+                    "prenorm_last_layer": S.prenorm, "model_class": type(runner.model).__name__,
+                    "text_model_class": type(text).__name__, "num_layers": num_layers, "tp_rank": tp_rank,
+                    "tp_size": tp_size, "hidden_size": int(text.config.hidden_size)}
+        atomic_json(Path(cfg["dir"], MANIFEST), manifest)
+    except BaseException:
+        _plugin_error(cfg, traceback.format_exc())
+        raise
+    return None
+
+
+def _capture_on(on: bool) -> None:
+    S.text.capture_aux_hidden_states = bool(on and S.aux_ids)
+    S.text.model.layers_to_capture = list(S.aux_ids) if on else []
+
+
+
+
+def _around_forward(original, runner, forward_batch, *args, **kwargs):
+    prefix = S.config["rid_prefix"]
+    ours = forward_batch.forward_mode.is_extend() and any(r.startswith(prefix) for r in (forward_batch.rids or []))
+    if not ours:
+        return original(runner, forward_batch, *args, **kwargs)
+    S.batch = forward_batch
+    _capture_on(True)
+    try:
+        return original(runner, forward_batch, *args, **kwargs)
+    finally:
+        _capture_on(False)
+        S.batch = None
+        S.prenorm_state = None
+
+
+def _after_final_norm(_module, _inputs, output):
+    if S.batch is not None:
+        # fused add-RMSNorm returns (normed, residual + x): the last decoder layer's output, pre-norm
+        S.prenorm_state = output[1] if isinstance(output, tuple) else _inputs[0]
+
+
+def _around_logits(original, lp, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None,
+                   *args, **kwargs):
+    fb = S.batch
+    if fb is not None and lp is getattr(S.text, "logits_processor", lp):
+        S.batch = None  # once per forward pass
+        if S.tp_rank == 0:
+            copy_pass(fb, hidden_states, aux_hidden_states, S.prenorm_state)
+        mode = getattr(fb, "capture_hidden_mode", None)
+        if mode is not None and not mode.need_capture():
+            aux_hidden_states = None  # nobody else asked for them: spare the LogitsProcessor their pruning
+    return original(lp, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states, *args, **kwargs)
+
+
+
+
+
+
+
+
+
+

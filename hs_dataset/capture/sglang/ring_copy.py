@@ -1,0 +1,245 @@
+"""The copy half of the SGLang plugin: one EXTEND pass's states, split by request, into the builders' rings.
+
+For a pass that holds requests of ours (:mod:`hs_dataset.capture.sglang.plugin` wires the hooks), TP
+rank 0 splits the batch by request (``extend_seq_lens_cpu``, start positions
+``extend_prefix_lens_cpu``) and, on a side stream, counts NaN/Inf per request and state, quantizes to
+fp8 when the request's ring slot asks for it (:func:`hs_dataset.codec.fp8.fp8_quantize`), and copies
+each request's rows straight into its region of the builder's shared-memory ring
+(:mod:`hs_dataset.capture.transport`), registered as pinned memory. A completion thread
+(:class:`Completer`) waits for the copies and marks the rows done, beats the rings' heartbeats, drops
+the rings of builders that are gone, and keeps running totals in ``plugin-stats.json``.
+
+Imports torch and the transport only (it runs in SGLang's scheduler process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hs_dataset.capture.transport import ENCODINGS, PLUGIN_STATS, RingWriter, parse_rid, request_spans
+from hs_dataset.codec.fp8 import fp8_quantize
+from hs_dataset.errors import TransportError
+
+__all__ = ["Completer", "PluginState", "S", "atomic_json", "aux_states", "copy_pass", "ring_of"]
+
+# Seconds between checks that each ring's builder still holds its lock.
+OWNER_CHECK_S = 2.0
+
+
+class PluginState:
+    """What the plugin's hooks share within one SGLang process (one instance, :data:`S`)."""
+
+    config: Any = None  # HS_DATASET_CAPTURE, parsed (set by register())
+    tp_rank: int = -1
+    batch: Any = None  # the ForwardBatch of the EXTEND pass in progress, when it holds requests of ours
+    text: Any = None  # the module owning capture_aux_hidden_states (and .model.layers_to_capture)
+    aux_ids: list[int] = []  # layers_to_capture while capturing
+    prenorm = False  # layer L-1 requested: captured from the final norm
+    prenorm_state: Any = None
+    side_stream: Any = None  # a torch.cuda.Stream (TP rank 0)
+    completer: Any = None  # the Completer (TP rank 0)
+    rings: "dict[str, RingWriter]" = {}
+    lock = threading.Lock()
+    seen: "OrderedDict[str, None]" = OrderedDict()  # requests already captured (radix-hit check), LRU
+
+
+S = PluginState()
+
+
+def atomic_json(path: Path, obj: dict) -> None:
+    """Replace ``path`` with ``obj`` as JSON in one rename (the builder polls these files)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def aux_states(aux: Any, n: int, hidden: int) -> list:
+    """The ``n`` aux states the LogitsProcessor got (a list, or SGLang's packed ``[tokens, n * H]``)."""
+    if n == 0:
+        return []
+    if aux is None:
+        raise RuntimeError("no aux hidden states reached the LogitsProcessor: EAGLE-3 capture is off")
+    if isinstance(aux, (list, tuple)):
+        return list(aux)
+    return [aux[:, j * hidden:(j + 1) * hidden] for j in range(n)]  # packed [tokens, n * H]
+
+
+def ring_of(token: str) -> RingWriter:
+    """The builder's ring named ``token``, mapped and registered as pinned memory on first use."""
+    with S.lock:
+        w = S.rings.get(token)
+        if w is not None:
+            if w.dead:
+                raise TransportError(f"the builder of ring {token} is gone")
+            return w
+        w = RingWriter.open(S.config["dir"], token)
+        err = torch.cuda.cudart().cudaHostRegister(w.bytes.data_ptr(), w.bytes.numel(), 0)
+        if int(getattr(err, "value", err)) != 0:
+            w.close()
+            raise TransportError(f"cudaHostRegister of the ring {w.path} failed (CUDA error "
+                                 f"{int(getattr(err, 'value', err))}): the ring must be on a memory file system "
+                                 "(tmpfs, e.g. /dev/shm)")
+        S.rings[token] = w
+        return w
+
+
+def close_ring(token: str) -> None:
+    """Drop a dead builder's ring (no copy into it is pending)."""
+    w = S.rings.pop(token)
+    torch.cuda.cudart().cudaHostUnregister(w.bytes.data_ptr())
+    w.close()
+
+
+def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any) -> None:
+    """Split one EXTEND pass by request and copy each request's rows into its ring slot (side stream)."""
+    t0 = time.perf_counter()
+    cfg = S.config
+    spans = request_spans(list(fb.rids), list(fb.extend_seq_lens_cpu), list(fb.extend_prefix_lens_cpu),
+                          cfg["rid_prefix"])
+    H = final.shape[-1]
+    if S.prenorm and prenorm is None:
+        raise RuntimeError("the final norm's hook saw no pre-norm state in this pass")
+    states = aux_states(aux, len(S.aux_ids), H) + ([prenorm] if S.prenorm else []) + [final]
+    todo = []
+    for rid, off, start, n in spans:
+        parsed = parse_rid(rid, cfg["rid_prefix"])
+        if parsed is None:
+            continue
+        token, seq = parsed
+        try:
+            ring = ring_of(token)
+            info = ring.slot(seq)
+        except TransportError:
+            S.completer.stats["lost_requests"] += 1  # no ring to tell: the builder times out or is gone
+            continue
+        if start > 0 and rid not in S.seen:
+            # The first pass of this request starts after a prefix it did not compute: a radix-cache hit.
+            ring.fail(seq, f"request {rid}: {start} prompt positions came from SGLang's radix cache and were not "
+                           "computed, so their hidden states do not exist; run the server with --disable-radix-cache")
+            continue
+        if start + n > info.num_tokens or info.hidden != H or info.n_states != len(states):
+            ring.fail(seq, f"request {rid}: rows {start}..{start + n} of {len(states)} states x {H} do not fit its "
+                           f"ring slot ({info.num_tokens} tokens, {info.n_states} states x {info.hidden})")
+            continue
+        S.seen[rid] = None
+        if len(S.seen) > 1_000_000:
+            S.seen.popitem(last=False)
+        todo.append((ring, info, off, start, n))
+    if not todo:
+        return
+    main = torch.cuda.current_stream()
+    side = S.side_stream
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        # NaN/Inf positions per request and state: a cumulative count, read at each request's bounds.
+        bad = torch.stack([(~torch.isfinite(st)).any(dim=-1) for st in states]).to(torch.int32)
+        cs = torch.nn.functional.pad(bad.cumsum(dim=1, dtype=torch.int32), (1, 0))
+        bounds = torch.tensor([off for _, _, off, _, _ in todo] + [off + n for _, _, off, _, n in todo],
+                              dtype=torch.int64, pin_memory=True).to(final.device, non_blocking=True)
+        k = len(todo)
+        counts = torch.empty((len(states), k), dtype=torch.int32, pin_memory=True)
+        counts.copy_(cs[:, bounds[k:]] - cs[:, bounds[:k]], non_blocking=True)
+        fp8: Any = [fp8_quantize(st) for st in states] if any(
+            info.encoding == ENCODINGS["fp8_e4m3"] for _, info, _, _, _ in todo) else None
+        nbytes = 0
+        for ring, info, off, start, n in todo:
+            for j, st in enumerate(states):
+                # Every destination is a contiguous slice of registered memory: a strided one would make
+                # PyTorch copy through a temporary and wait for the GPU, stalling the scheduler here.
+                dst = ring.state_view(info, j, start, n)
+                if info.encoding == ENCODINGS["bfloat16"]:
+                    dst.copy_(st[off:off + n].to(torch.bfloat16), non_blocking=True)
+                else:
+                    dst.copy_(fp8[j][0][off:off + n], non_blocking=True)
+                    ring.scale_view(info, j, start, n).copy_(fp8[j][1][off:off + n], non_blocking=True)
+                nbytes += dst.numel() * dst.element_size()
+        done = torch.cuda.Event()
+        done.record(side)
+    for t in states:
+        t.record_stream(side)  # keep the GPU memory alive until the copies have run
+    with S.lock:
+        for ring, *_ in todo:
+            ring.pending += 1
+    S.completer.put((done, counts, [(ring, info.seq, n) for ring, info, _, _, n in todo]))
+    st = S.completer.stats
+    st["passes"] += 1
+    st["rows"] += sum(n for *_, n in todo)
+    st["bytes"] += nbytes
+    st["hook_s"] += time.perf_counter() - t0
+
+
+class Completer:
+    """Waits for each pass's copies, then marks the rows done; beats and drops dead builders' rings."""
+
+    def __init__(self, directory: str):
+        self.dir = directory
+        self.q: queue.Queue = queue.Queue()
+        # hook_s: time in the LogitsProcessor hook on the scheduler thread; copy_wait_s: this thread waiting
+        # for the device-to-host copies; lost_requests: requests of ours whose ring or slot was not found.
+        self.stats = {"passes": 0, "rows": 0, "bytes": 0, "hook_s": 0.0, "copy_wait_s": 0.0, "lost_requests": 0}
+        self._saved: dict | None = None
+        self._stats_at = self._beat_at = self._owners_at = 0.0
+        self.t = threading.Thread(target=self._run, name="hs_dataset-ring-completer", daemon=True)
+        self.t.start()
+
+    def put(self, job) -> None:
+        self.q.put(job)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                job = self.q.get(timeout=0.2)
+            except queue.Empty:
+                job = None
+            if job is not None:
+                self._complete(*job)
+            self._housekeeping()
+
+    def _complete(self, done, counts, items) -> None:
+        t0 = time.perf_counter()
+        try:
+            done.synchronize()
+            self.stats["copy_wait_s"] += time.perf_counter() - t0
+            per_state = counts.tolist()
+            for i, (ring, seq, n) in enumerate(items):
+                ring.complete(seq, n, [row[i] for row in per_state])
+        except BaseException:
+            for ring, seq, _ in items:
+                ring.fail(seq, "hs_dataset capture failed in the SGLang scheduler:\n" + traceback.format_exc()[-300:])
+        finally:
+            with S.lock:
+                for ring, _, _ in items:
+                    ring.pending -= 1
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now - self._beat_at >= 0.5:
+            self._beat_at = now
+            with S.lock:
+                for w in S.rings.values():
+                    w.beat()
+        if now - self._owners_at >= OWNER_CHECK_S:
+            self._owners_at = now
+            with S.lock:
+                for token, w in list(S.rings.items()):
+                    if not w.dead and not w.owner_alive():
+                        w.dead = True
+                    if w.dead and w.pending == 0:
+                        close_ring(token)
+        if now - self._stats_at >= 0.5 and self.stats != self._saved:
+            self._stats_at = now
+            self._saved = dict(self.stats, rings=len(S.rings))
+            try:
+                atomic_json(Path(self.dir, PLUGIN_STATS), {k: round(v, 4) for k, v in self._saved.items()})
+            except OSError:
+                pass  # statistics only

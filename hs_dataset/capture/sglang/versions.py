@@ -1,0 +1,57 @@
+"""What hs_dataset knows about SGLang versions, in one place (the plugin and the backend import it).
+
+Imports nothing heavy: the plugin loads it in SGLang's scheduler process before SGLang is checked.
+"""
+
+from __future__ import annotations
+
+from hs_dataset.errors import BackendError
+
+__all__ = ["MIN_SGLANG", "SUPPORTED_SGLANG", "TESTED_SGLANG", "check_sglang_version", "engine_processes",
+           "sglang_version_tuple"]
+
+MIN_SGLANG = (0, 5, 11)  # the first release with the plugin framework (entry points + HookRegistry)
+TESTED_SGLANG = "0.5.17"  # what the GPU suite ran on
+SUPPORTED_SGLANG = f"{'.'.join(map(str, MIN_SGLANG))} - {TESTED_SGLANG}"
+
+
+def sglang_version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.5.17.post1"`` -> ``(0, 5, 17)``."""
+    out = []
+    for part in version.split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def check_sglang_version() -> str:
+    """Return the installed SGLang version; raise a clear error when it has no plugin framework."""
+    need = ".".join(map(str, MIN_SGLANG))
+    try:
+        import sglang  # optional: pip install 'hs-dataset[sglang]'
+    except ImportError as e:
+        raise BackendError(f"the sglang backend needs SGLang >= {need}: pip install 'hs-dataset[sglang]' ({e})") from None
+    if sglang_version_tuple(sglang.__version__) < MIN_SGLANG:
+        raise BackendError(f"SGLang {sglang.__version__} is older than {need}, which added the plugin framework "
+                           f"hs_dataset patches through: upgrade SGLang (tested: {SUPPORTED_SGLANG})")
+    return sglang.__version__
+
+
+def engine_processes() -> list:
+    """SGLang's long-lived children (scheduler / TP workers, detokenizer): they name themselves
+    ``sglang::...``. Short-lived helpers (kernel compilers, resource trackers) are left out: their
+    normal exit is no engine death."""
+    try:
+        import psutil  # optional: without it, request timeouts bound a dead engine
+    except ImportError:  # no liveness check; request timeouts still bound a hang
+        return []
+    procs = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "sglang::" in " ".join(p.cmdline()) or p.name().startswith("sglang"):
+                procs.append(p)
+        except psutil.Error:
+            continue
+    return procs

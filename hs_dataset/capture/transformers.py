@@ -1,0 +1,151 @@
+"""Reference capture backend: HF transformers, any device (the CPU included).
+
+Samples are batched by a padded-token budget with **right** padding: under the causal mask a
+real token never attends to a pad that comes after it, so padding changes no state. (Batched
+matrix products can still round differently from one-sample runs; tests/test_build.py states the
+tolerance.) The forward hooks keep only the configured layers, never all of them; the hook on the
+last decoder layer gives its output before the final norm (layer ``L-1``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Iterable, Iterator
+
+import torch
+
+from hs_dataset.capture.base import BackendItem
+from hs_dataset.layout import StorageDtype
+from hs_dataset.model_info import ModelInfo, target_of
+from hs_dataset.prepare.regenerate import Generation, Prompt
+from hs_dataset.records import CaptureResult, Reject, TokenizedSample
+
+__all__ = ["TEXT_MODEL_WRAPPERS", "TransformersBackend", "load_language_model"]
+
+# Multimodal wrappers whose text model is a plain causal LM stored under a prefix (read_model_info
+# already reads their text_config): model_type -> (transformers config class of text_config, prefix).
+TEXT_MODEL_WRAPPERS = {"kimi_k25": ("DeepseekV3Config", "language_model.")}
+
+
+def load_language_model(model: str, *, trust_remote_code: bool = False):
+    """``AutoModelForCausalLM`` in bf16 from a local directory; for a multimodal wrapper (Kimi-K2.5)
+    its text model alone, from the same tensors (the vision tower's weights are left out).
+    ``trust_remote_code`` allows a model directory's own modeling code."""
+    import transformers  # deferred: transformers takes seconds to import
+    from transformers import AutoModelForCausalLM  # deferred: transformers takes seconds to import
+
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    kw: dict = {"dtype": torch.bfloat16, "trust_remote_code": trust_remote_code}
+    wrapper = TEXT_MODEL_WRAPPERS.get(cfg.get("model_type", ""))
+    if wrapper is not None:
+        kw["config"] = getattr(transformers, wrapper[0])(**cfg["text_config"])
+        kw["key_mapping"] = {"^" + re.escape(wrapper[1]): ""}
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # no load report, no weight-loading bar inside our own progress
+    transformers.logging.disable_progress_bar()
+    try:
+        return AutoModelForCausalLM.from_pretrained(model, **kw)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        transformers.logging.enable_progress_bar()
+
+
+class TransformersBackend:
+    """Runs ``AutoModelForCausalLM`` in bf16 and captures the configured layers + final state.
+
+    Args:
+        model: local model directory (or its :class:`~hs_dataset.model_info.ModelInfo`, as a build resolved it).
+        layers: layer ids (see :mod:`hs_dataset.model_info` for the convention).
+        revision: recorded in the dataset metadata (the directory is used as it is).
+        device: ``"cpu"``, ``"cuda"``, ... (default: cuda when available).
+        batch_tokens: padded tokens per forward pass.
+        max_batch: most samples per forward pass.
+        trust_remote_code: allow the model directory's own modeling code (``auto_map``).
+    """
+
+    name = "transformers"
+    continuous = False  # batches by a token budget: a resumed part must be batched as before
+    encodings: tuple[StorageDtype, ...] = ("bfloat16",)
+
+    def __init__(self, model: str | ModelInfo, layers: Iterable[int], *, revision: str | None = None,
+                 device: str | None = None, batch_tokens: int = 8192, max_batch: int = 64,
+                 trust_remote_code: bool = False):
+        self.info, self.layers = target_of(model, layers, revision)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.batch_tokens = int(batch_tokens)
+        self.max_batch = int(max_batch)
+        lm = load_language_model(self.info.path, trust_remote_code=trust_remote_code)
+        self._model = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
+        self._lm = lm.to(self.device).eval()  # the lm_head serves generate() (responses=regenerate) only
+        self._caught: dict[int, torch.Tensor] = {}
+        decoder_layers = self._model.layers
+        self._hooks = [decoder_layers[k].register_forward_hook(self._hook(k)) for k in self.layers]
+
+    def _hook(self, k: int):
+        def fn(_module, _inputs, output):
+            self._caught[k] = output[0] if isinstance(output, tuple) else output
+        return fn
+
+    def versions(self) -> dict[str, str]:
+        import transformers  # deferred: transformers takes seconds to import
+
+        return {"transformers": transformers.__version__, "torch": torch.__version__}
+
+    def capture(self, samples: Iterable[TokenizedSample]) -> Iterator[BackendItem]:
+        batch: list[TokenizedSample] = []
+        longest = 0
+        for s in samples:
+            if s.num_tokens == 0:
+                yield Reject(s.sample_id, "input_ids", "no tokens to run", "capture")
+                continue
+            longest_if_added = max(longest, s.num_tokens)
+            if batch and (longest_if_added * (len(batch) + 1) > self.batch_tokens or len(batch) >= self.max_batch):
+                yield from self._run(batch)
+                batch, longest_if_added = [], s.num_tokens
+            batch.append(s)
+            longest = longest_if_added
+        if batch:
+            yield from self._run(batch)
+
+    @torch.inference_mode()
+    def _run(self, batch: list[TokenizedSample]) -> Iterator[CaptureResult]:
+        T = max(s.num_tokens for s in batch)
+        ids = torch.zeros((len(batch), T), dtype=torch.long)
+        mask = torch.zeros((len(batch), T), dtype=torch.long)
+        for i, s in enumerate(batch):
+            ids[i, : s.num_tokens] = torch.from_numpy(s.input_ids)
+            mask[i, : s.num_tokens] = 1
+        self._caught.clear()
+        out = self._model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False)
+        per_layer = [self._caught[k] for k in self.layers] + [out.last_hidden_state]
+        stacked = torch.stack(per_layer).to("cpu", torch.bfloat16)  # [n+1, B, T, H]
+        self._caught.clear()
+        for i, s in enumerate(batch):
+            yield CaptureResult(sample=s, layers=self.layers, states=stacked[:, i, : s.num_tokens].contiguous())
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[Prompt]) -> list[Generation]:
+        """Regenerate replies (:mod:`hs_dataset.prepare.regenerate`): HF ``generate``, one prompt at a time (no
+        padding, so a reply does not depend on its batch), seeded per prompt."""
+        out = []
+        for p in prompts:
+            o = p.options
+            kw: dict = {"max_new_tokens": p.max_new_tokens, "eos_token_id": list(p.stop_ids),
+                        "pad_token_id": p.stop_ids[0], "do_sample": o.temperature > 0}
+            if o.temperature > 0:
+                kw.update(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k if o.top_k > 0 else 0)
+                torch.manual_seed(p.seed)
+            ids = torch.tensor([p.ids], dtype=torch.long, device=self.device)
+            gen = self._lm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)[0, len(p.ids):].tolist()
+            self._caught.clear()
+            finished = bool(gen) and gen[-1] in p.stop_ids
+            out.append(Generation(gen[:-1] if finished else gen, finished))
+        return out
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []

@@ -1,0 +1,119 @@
+"""The ring's file format (header page, slot table, data area), its names, and the request ids:
+what both sides of the transport read and write (see :mod:`hs_dataset.capture.transport`)."""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import struct
+from dataclasses import dataclass
+
+__all__ = ["ENCODINGS", "ENV", "MANIFEST", "OWNER_LOCK", "PLUGIN_ERROR", "PLUGIN_STATS", "PRIVATE_DIR_PREFIX",
+           "RING_PREFIX", "SlotInfo", "parse_rid", "region_bytes", "request_spans"]
+
+ENV = "HS_DATASET_CAPTURE"  # JSON {"layers": [...], "dir": "...", "rid_prefix": "...", "ring": token?} for the plugin
+MANIFEST = "plugin-manifest.json"
+PLUGIN_ERROR = "plugin-error.txt"
+PLUGIN_STATS = "plugin-stats.json"  # the plugin's running totals (TP rank 0), rewritten at most twice a second
+RING_PREFIX = "ring-"
+PRIVATE_DIR_PREFIX = "hs_dataset-"  # per-backend folders in /dev/shm (in-process engines)
+OWNER_LOCK = "owner.lock"
+
+ENCODINGS = {"bfloat16": 0, "fp8_e4m3": 1}
+_ENCODING_NAMES = {v: k for k, v in ENCODINGS.items()}
+_MAGIC = b"HSRING01"
+_HEADER_BYTES = 4096
+_SLOT_BYTES = 512
+_MAX_STATES = 16
+_ALIGN = 4096  # region alignment: page-aligned rows for the DMA engine and for Arrow
+_DATA_ALIGN = 2 << 20
+# header fields: (offset, struct format)
+_H_MAGIC, _H_TOKEN, _H_DATA, _H_CAP, _H_SLOTS = (0, "8s"), (16, "16s"), (32, "<Q"), (40, "<Q"), (48, "<I")
+_H_CREATOR, _H_ATTACHED, _H_BEAT = (56, "<Q"), (64, "<Q"), (72, "<Q")
+# slot fields
+_S_SEQ, _S_STATE, _S_TOKENS, _S_OFFSET = (0, "<Q"), (8, "<I"), (12, "<I"), (16, "<Q")
+_S_NSTATES, _S_HIDDEN, _S_ENCODING, _S_ROWS, _S_ERRLEN = (24, "<I"), (28, "<I"), (32, "<I"), (36, "<I"), (40, "<I")
+_S_NONFINITE = 48  # _MAX_STATES x u32
+_S_MESSAGE = 128
+_FREE, _RESERVED, _FAILED = 0, 1, 2
+STALE_AFTER_S = 30.0  # no producer heartbeat for this long: the producer is gone (it beats every 0.5 s)
+POLL_MAX_S = 0.002  # longest sleep between looks at a slot
+
+
+def _get(buf, field: tuple[int, str], base: int = 0):
+    return struct.unpack_from(field[1], buf, base + field[0])[0]
+
+
+def _put(buf, field: tuple[int, str], value, base: int = 0) -> None:
+    struct.pack_into(field[1], buf, base + field[0], value)
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def region_bytes(num_tokens: int, n_states: int, hidden: int, encoding: int) -> int:
+    """Bytes of one request's region: the states, and for fp8 their per-token scales."""
+    if encoding == ENCODINGS["bfloat16"]:
+        return n_states * num_tokens * hidden * 2
+    return _align(n_states * num_tokens * hidden, 16) + n_states * num_tokens * 4
+
+
+def parse_rid(rid: str, prefix: str) -> tuple[str, int] | None:
+    """``<prefix><token>-<seq>`` -> (token, seq); None for a request that is not ours."""
+    if not rid.startswith(prefix):
+        return None
+    token, sep, seq = rid[len(prefix):].rpartition("-")
+    if not sep or not seq.isdigit():
+        return None
+    return token, int(seq)
+
+
+def request_spans(rids: list[str], extend_lens: list[int], prefix_lens: list[int],
+                  rid_prefix: str) -> list[tuple[str, int, int, int]]:
+    """Split a batched prefill into our requests: ``(rid, row_offset, start_position, length)``.
+
+    Rows of a batched EXTEND pass are the requests' new tokens back to back, in batch order;
+    ``start_position`` is the request's prefix length (tokens computed in earlier passes).
+    Requests whose id does not start with ``rid_prefix`` are not ours and are skipped.
+    """
+    out = []
+    off = 0
+    for rid, n, p in zip(rids, extend_lens, prefix_lens):
+        if rid.startswith(rid_prefix) and n > 0:
+            out.append((rid, off, int(p), int(n)))
+        off += int(n)
+    return out
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """What a request's slot says about its region (offsets relative to the data area)."""
+
+    seq: int
+    offset: int
+    num_tokens: int
+    n_states: int
+    hidden: int
+    encoding: int
+
+    def state_offset(self, j: int, start: int = 0) -> int:
+        esize = 2 if self.encoding == ENCODINGS["bfloat16"] else 1
+        return self.offset + (j * self.num_tokens + start) * self.hidden * esize
+
+    def scale_offset(self, j: int, start: int = 0) -> int:
+        return self.offset + _align(self.n_states * self.num_tokens * self.hidden, 16) + (j * self.num_tokens + start) * 4
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                     prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _locked_by_someone(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False

@@ -1,0 +1,309 @@
+"""The consumer side of the ring (the builder): creates it, reserves regions, waits for requests,
+hands out views (see :mod:`hs_dataset.capture.transport`)."""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from hs_dataset.capture.transport.format import (_ALIGN, _DATA_ALIGN, _FAILED, _FREE, _H_ATTACHED, _H_BEAT, _H_CAP,
+                                                 _H_CREATOR, _H_DATA, _H_MAGIC, _H_SLOTS, _H_TOKEN, _HEADER_BYTES,
+                                                 _MAGIC, _MAX_STATES, _RESERVED, _S_ENCODING, _S_ERRLEN, _S_HIDDEN,
+                                                 _S_MESSAGE, _S_NONFINITE, _S_NSTATES, _S_OFFSET, _S_ROWS, _S_SEQ,
+                                                 _S_STATE, _S_TOKENS, _SLOT_BYTES, ENCODINGS, POLL_MAX_S, RING_PREFIX,
+                                                 STALE_AFTER_S, SlotInfo, _align, _get, _map, _put, region_bytes)
+from hs_dataset.errors import RequestError, TransportError
+
+__all__ = ["Lease", "Ring"]
+
+
+def _use_count(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+@dataclass
+class Lease:
+    """A request's reserved region, from reservation until nothing references its views."""
+
+    seq: int
+    offset: int
+    nbytes: int
+    info: SlotInfo
+    base: torch.Tensor | None = None  # the region's bytes, once handed out
+    abandoned: bool = False
+
+
+class Ring:
+    """The consumer side: creates the ring, reserves regions, waits for requests, hands out views.
+
+    Thread-safe: the backend reserves on its submitting thread and waits on its reader thread.
+    """
+
+    def __init__(self, path: Path, fd: int, mm: mmap.mmap, token: str, n_slots: int, data_offset: int,
+                 capacity: int):
+        self.path, self._fd, self._mm, self.token = path, fd, mm, token
+        self.n_slots, self.data_offset, self.capacity = n_slots, data_offset, capacity
+        self._free: list[tuple[int, int]] = [(0, capacity)]  # sorted (start, size), coalesced
+        self._leases: dict[int, Lease] = {}
+        self._next_seq = 0
+        self._unlinked = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, directory: str | os.PathLike, capacity: int, *, n_slots: int = 1024,
+               option: str = "backend_options.ring_bytes") -> "Ring":
+        """Create, fully allocate and map a ring of ``capacity`` data bytes in ``directory``.
+
+        Raises :class:`TransportError` naming the size needed and ``option`` when the folder's
+        file system (``/dev/shm``) has no room for it.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        token = uuid.uuid4().hex[:12]
+        data_offset = _align(_HEADER_BYTES + n_slots * _SLOT_BYTES, _DATA_ALIGN)
+        capacity = _align(int(capacity), _ALIGN)
+        size = data_offset + capacity
+        st = os.statvfs(directory)
+        free = st.f_bavail * st.f_frsize
+        need = f"the shared-memory ring needs {size / 2**30:.2f} GiB in {directory}"
+        fix = (f"set {option} smaller (it bounds the samples in flight), or give {directory} more room "
+               "(docker: --shm-size)")
+        if free < size:
+            raise TransportError(f"{need}, which has {free / 2**30:.2f} GiB free: {fix}")
+        path = directory / f"{RING_PREFIX}{token}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for the ring's life: tells the producer we are alive
+            try:
+                os.posix_fallocate(fd, 0, size)  # every page exists now: no SIGBUS later, no fault on the hot path
+            except OSError as e:
+                raise TransportError(f"{need} and could not get it ({os.strerror(e.errno or 0)}): {fix}") from None
+            mm = _map(fd, size)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        _put(mm, _H_MAGIC, _MAGIC)
+        _put(mm, _H_TOKEN, token.encode())
+        _put(mm, _H_DATA, data_offset)
+        _put(mm, _H_CAP, capacity)
+        _put(mm, _H_SLOTS, n_slots)
+        _put(mm, _H_CREATOR, os.getpid())
+        return cls(path, fd, mm, token, n_slots, data_offset, capacity)
+
+    # -- state the producer writes ------------------------------------------------------------------
+    @property
+    def attached_pid(self) -> int:
+        """The producer's pid once it has mapped the ring (0 before)."""
+        return _get(self._mm, _H_ATTACHED)
+
+    def _beat(self) -> int:
+        return _get(self._mm, _H_BEAT)
+
+    def unlink(self) -> None:
+        """Delete the ring's file (both mappings stay valid): after this a crash leaves nothing behind."""
+        if not self._unlinked:
+            self.path.unlink(missing_ok=True)
+            self._unlinked = True
+
+    # -- regions ------------------------------------------------------------------------------------
+    def _alloc(self, nbytes: int) -> int | None:
+        size = _align(max(nbytes, 1), _ALIGN)
+        for i, (start, free) in enumerate(self._free):
+            if free >= size:
+                if free == size:
+                    del self._free[i]
+                else:
+                    self._free[i] = (start + size, free - size)
+                return start
+        return None
+
+    def _release(self, offset: int, nbytes: int) -> None:
+        size = _align(max(nbytes, 1), _ALIGN)
+        self._free.append((offset, size))
+        self._free.sort()
+        merged: list[tuple[int, int]] = []
+        for s, n in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((s, n))
+        self._free = merged
+
+    def _slot(self, seq: int) -> int:
+        return _HEADER_BYTES + (seq % self.n_slots) * _SLOT_BYTES
+
+    def _drop(self, lease: Lease) -> None:
+        _put(self._mm, _S_STATE, _FREE, self._slot(lease.seq))
+        self._release(lease.offset, lease.nbytes)
+        del self._leases[lease.seq]
+
+    def reclaim(self) -> int:
+        """Free the regions whose views nobody references any more; returns how many."""
+        with self._lock:
+            return self._reclaim()
+
+    def _reclaim(self) -> int:
+        done = [le for le in self._leases.values()
+                if le.base is not None and not le.abandoned and _use_count(le.base) <= 2]
+        for le in done:
+            le.base = None
+            self._drop(le)
+        return len(done)
+
+    def fits(self, num_tokens: int, n_states: int, hidden: int, encoding: str) -> bool:
+        """Whether a request of this size can ever fit (the ring's capacity, ignoring what is in use)."""
+        return _align(region_bytes(num_tokens, n_states, hidden, ENCODINGS[encoding]), _ALIGN) <= self.capacity
+
+    def reserve(self, num_tokens: int, n_states: int, hidden: int, encoding: str) -> Lease | None:
+        """Reserve a region and a slot for a new request; None while the ring is too full."""
+        if n_states > _MAX_STATES:
+            raise TransportError(f"{n_states} states per token; the ring carries at most {_MAX_STATES}")
+        enc = ENCODINGS[encoding]
+        nbytes = region_bytes(num_tokens, n_states, hidden, enc)
+        with self._lock:
+            offset = self._alloc(nbytes)
+            if offset is None:
+                self._reclaim()
+                offset = self._alloc(nbytes)
+                if offset is None:
+                    return None
+            busy = {s % self.n_slots for s in self._leases}
+            for _ in range(self.n_slots):  # a slot still held by an earlier request is skipped
+                seq = self._next_seq
+                self._next_seq += 1
+                if seq % self.n_slots not in busy:
+                    break
+            else:
+                self._release(offset, nbytes)
+                return None
+            lease = Lease(seq, offset, nbytes, SlotInfo(seq, offset, num_tokens, n_states, hidden, enc))
+            self._leases[seq] = lease
+        base = self._slot(seq)
+        mm = self._mm
+        mm[base:base + _S_MESSAGE] = bytes(_S_MESSAGE)
+        _put(mm, _S_SEQ, seq, base)
+        _put(mm, _S_TOKENS, num_tokens, base)
+        _put(mm, _S_OFFSET, offset, base)
+        _put(mm, _S_NSTATES, n_states, base)
+        _put(mm, _S_HIDDEN, hidden, base)
+        _put(mm, _S_ENCODING, enc, base)
+        _put(mm, _S_STATE, _RESERVED, base)  # last: the slot is valid
+        return lease
+
+    def rid(self, lease: Lease, prefix: str) -> str:
+        return f"{prefix}{self.token}-{lease.seq}"
+
+    def in_use(self) -> int:
+        """Bytes of regions reserved, in flight or still referenced."""
+        with self._lock:
+            return self.capacity - sum(n for _, n in self._free)
+
+    def poll(self, lease: Lease) -> tuple[int, str | None]:
+        """(rows done, the producer's failure message or None)."""
+        base = self._slot(lease.seq)
+        if _get(self._mm, _S_STATE, base) == _FAILED:
+            n = _get(self._mm, _S_ERRLEN, base)
+            msg = bytes(self._mm[base + _S_MESSAGE:base + _S_MESSAGE + n]).decode("utf-8", "replace")
+            return _get(self._mm, _S_ROWS, base), msg
+        return _get(self._mm, _S_ROWS, base), None
+
+    def wait(self, lease: Lease, timeout: float, alive: Callable[[], None] | None = None, *,
+             stale_after: float = STALE_AFTER_S) -> None:
+        """Block until every row of ``lease`` has arrived.
+
+        Raises :class:`RequestError` (the producer failed this request), or :class:`TransportError`
+        after ``timeout`` s without a new row or when the producer stopped beating. ``alive()`` is
+        called about every 0.1 s and should raise if the engine died.
+        """
+        T = lease.info.num_tokens
+        rows, msg = self.poll(lease)
+        if rows >= T and msg is None:
+            return
+        now = time.monotonic()
+        deadline, next_alive, sleep = now + timeout, now + 0.1, 0.0002
+        beat, beat_at = self._beat(), now
+        while True:
+            rows_now, msg = self.poll(lease)
+            if msg is not None:
+                self.fail_release(lease)
+                raise RequestError(msg)
+            if rows_now >= T:
+                return
+            now = time.monotonic()
+            if rows_now != rows:
+                rows, deadline, sleep = rows_now, now + timeout, 0.0002
+            b = self._beat()
+            if b != beat:
+                beat, beat_at = b, now
+            elif self.attached_pid and now - beat_at > stale_after:
+                raise TransportError(f"the SGLang capture plugin (pid {self.attached_pid}) stopped: no heartbeat "
+                                     f"in the ring {self.path} for {now - beat_at:.0f} s (the server died or hangs)")
+            if now > deadline:
+                raise TransportError(f"no hidden states for request seq {lease.seq} at position {rows} of {T} "
+                                     f"after {timeout:.0f} s (ring {self.path})")
+            if alive is not None and now > next_alive:
+                alive()
+                next_alive = now + 0.1
+            time.sleep(sleep)
+            sleep = min(sleep * 2, POLL_MAX_S)
+
+    def nonfinite(self, lease: Lease) -> tuple[int, ...]:
+        """Per state, the positions holding NaN/Inf (counted by the producer on the GPU)."""
+        base = self._slot(lease.seq) + _S_NONFINITE
+        return struct.unpack_from(f"<{lease.info.n_states}I", self._mm, base)
+
+    def views(self, lease: Lease) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The finished request's states (bf16 ``[n, T, H]`` or fp8 bits ``uint8 [n, T, H]``) and,
+        for fp8, its float32 scales ``[n, T]``, as views of the ring: the region is reused once
+        neither these nor anything made from them (numpy arrays, Arrow buffers) is referenced."""
+        i = lease.info
+        a = self.data_offset + lease.offset
+        # Through a memoryview: the tensor keeps it, and it keeps the mapping exported, so close()
+        # cannot unmap the ring under a live view (torch.frombuffer alone keeps no buffer export).
+        base = torch.frombuffer(memoryview(self._mm)[a:a + lease.nbytes], dtype=torch.uint8)
+        if i.encoding == ENCODINGS["bfloat16"]:
+            states, scales = base.view(torch.bfloat16).view(i.n_states, i.num_tokens, i.hidden), None
+        else:
+            states = base[:i.n_states * i.num_tokens * i.hidden].view(i.n_states, i.num_tokens, i.hidden)
+            start = i.scale_offset(0) - i.offset
+            scales = base[start:start + i.n_states * i.num_tokens * 4].view(torch.float32)
+            scales = scales.view(i.n_states, i.num_tokens)
+        with self._lock:  # reclaimable from now on, and the views above already count as references
+            lease.base = base
+        return states, scales
+
+    def fail_release(self, lease: Lease) -> None:
+        """The producer is done with a failed request: its region is free again."""
+        with self._lock:
+            if lease.seq in self._leases and lease.base is None:
+                self._drop(lease)
+
+    def abandon(self, lease: Lease) -> None:
+        """A request that ended without its states: keep its region until close (chunks may still come)."""
+        lease.abandoned = True
+
+    def close(self) -> None:
+        """Delete the file and drop the mapping (at once, or when the last view is freed)."""
+        self.unlink()
+        with self._lock:
+            for le in self._leases.values():
+                le.base = None
+            self._leases.clear()
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # views still exist: the mapping goes with the last of them
+        self._mm = None  # type: ignore[assignment]
+        if self._fd >= 0:
+            os.close(self._fd)  # releases the lock
+            self._fd = -1

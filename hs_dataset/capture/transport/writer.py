@@ -1,0 +1,110 @@
+"""The producer side of the ring (the SGLang plugin, TP rank 0): maps a builder's ring and writes
+requests' rows and completions (see :mod:`hs_dataset.capture.transport`)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import torch
+
+from hs_dataset.capture.transport.format import (_FAILED, _H_ATTACHED, _H_BEAT, _H_CAP, _H_DATA, _H_MAGIC, _H_SLOTS,
+                                                 _H_TOKEN, _HEADER_BYTES, _MAGIC, _RESERVED, _S_ENCODING, _S_ERRLEN,
+                                                 _S_HIDDEN, _S_MESSAGE, _S_NONFINITE, _S_NSTATES, _S_OFFSET, _S_ROWS,
+                                                 _S_SEQ, _S_STATE, _S_TOKENS, _SLOT_BYTES, ENCODINGS, ENV, RING_PREFIX,
+                                                 SlotInfo, _get, _locked_by_someone, _map, _put)
+from hs_dataset.errors import RequestError, TransportError
+
+__all__ = ["RingWriter"]
+
+class RingWriter:
+    """The producer side: maps a consumer's ring and writes requests' rows and completions."""
+
+    def __init__(self, path: Path, fd: int, mm: mmap.mmap, token: str):
+        self.path, self._fd, self.mm, self.token = path, fd, mm, token
+        self.data_offset = _get(mm, _H_DATA)
+        self.capacity = _get(mm, _H_CAP)
+        self.n_slots = _get(mm, _H_SLOTS)
+        self.bytes = torch.frombuffer(mm, dtype=torch.uint8)  # the whole file, for copies into it
+        self.dead = False  # the producer found the consumer gone
+        self.pending = 0  # passes whose copies into this ring are not complete yet (the producer's count)
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike, token: str) -> "RingWriter":
+        path = Path(directory) / f"{RING_PREFIX}{token}"
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise TransportError(f"no ring {path}: the builder that sent this request is gone, or the server's "
+                                 f"{ENV} names another folder than the builder's ring_dir") from None
+        try:
+            size = os.fstat(fd).st_size
+            mm = _map(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _get(mm, _H_MAGIC) != _MAGIC or _get(mm, _H_TOKEN).rstrip(b"\0").decode() != token:
+            mm.close()
+            os.close(fd)
+            raise TransportError(f"{path} is not an hs_dataset ring of token {token}")
+        w = cls(path, fd, mm, token)
+        _put(mm, _H_ATTACHED, os.getpid())
+        return w
+
+    def slot(self, seq: int) -> SlotInfo:
+        """The reserved slot of ``seq``; :class:`RequestError` when the consumer reserved none."""
+        base = _HEADER_BYTES + (seq % self.n_slots) * _SLOT_BYTES
+        mm = self.mm
+        if _get(mm, _S_STATE, base) != _RESERVED or _get(mm, _S_SEQ, base) != seq:
+            raise RequestError(f"request seq {seq} has no reserved slot in {self.path}")
+        return SlotInfo(seq, _get(mm, _S_OFFSET, base), _get(mm, _S_TOKENS, base), _get(mm, _S_NSTATES, base),
+                        _get(mm, _S_HIDDEN, base), _get(mm, _S_ENCODING, base))
+
+    def state_view(self, info: SlotInfo, j: int, start: int, n: int) -> torch.Tensor:
+        """Rows ``[start, start + n)`` of state ``j`` in the ring: bf16 or uint8 ``[n, H]``, contiguous."""
+        a = self.data_offset + info.state_offset(j, start)
+        if info.encoding == ENCODINGS["bfloat16"]:
+            return self.bytes[a:a + n * info.hidden * 2].view(torch.bfloat16).view(n, info.hidden)
+        return self.bytes[a:a + n * info.hidden].view(n, info.hidden)
+
+    def scale_view(self, info: SlotInfo, j: int, start: int, n: int) -> torch.Tensor:
+        a = self.data_offset + info.scale_offset(j, start)
+        return self.bytes[a:a + n * 4].view(torch.float32)
+
+    def complete(self, seq: int, rows: int, nonfinite: list[int] | tuple[int, ...]) -> None:
+        """A chunk of ``rows`` rows of ``seq`` is in the ring (its copy finished): add its counts, rows last."""
+        base = _HEADER_BYTES + (seq % self.n_slots) * _SLOT_BYTES
+        mm = self.mm
+        if _get(mm, _S_SEQ, base) != seq:
+            return  # the consumer gave the slot away (the request was abandoned)
+        for j, k in enumerate(nonfinite):
+            if k:
+                f = (_S_NONFINITE + 4 * j, "<I")
+                _put(mm, f, _get(mm, f, base) + int(k), base)
+        _put(mm, _S_ROWS, _get(mm, _S_ROWS, base) + rows, base)
+
+    def fail(self, seq: int, message: str) -> None:
+        """Tell the consumer why ``seq`` cannot be captured."""
+        base = _HEADER_BYTES + (seq % self.n_slots) * _SLOT_BYTES
+        if _get(self.mm, _S_SEQ, base) != seq:
+            return
+        data = message.encode()[:_SLOT_BYTES - _S_MESSAGE]
+        self.mm[base + _S_MESSAGE:base + _S_MESSAGE + len(data)] = data
+        _put(self.mm, _S_ERRLEN, len(data), base)
+        _put(self.mm, _S_STATE, _FAILED, base)
+
+    def beat(self) -> None:
+        _put(self.mm, _H_BEAT, (_get(self.mm, _H_BEAT) + 1) & (2**64 - 1))
+
+    def owner_alive(self) -> bool:
+        """Whether the consumer that created the ring still holds it."""
+        return _locked_by_someone(self._fd)
+
+    def close(self) -> None:
+        self.bytes = None  # type: ignore[assignment]
+        try:
+            self.mm.close()
+        except BufferError:
+            pass
+        os.close(self._fd)

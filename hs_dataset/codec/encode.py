@@ -1,0 +1,177 @@
+"""The encode stage: captured states -> a row's values -> a one-row Arrow table, and the dataset schema.
+
+Arrow and ``datasets`` have no bfloat16. States are stored **exactly**: the bf16 bit patterns
+as ``uint16`` in ``Array2D(shape=(None, hidden), dtype="uint16")`` columns, one per captured layer
+plus the final state. The logical dtype is recorded in ``hs_dataset.json`` and the card, and
+:mod:`hs_dataset.read.decode` turns a column back into ``torch.bfloat16`` without copying.
+
+Optional ``fp8_e4m3`` storage keeps one ``uint8`` byte per value (float8 e4m3fn bits) plus a
+per-token float32 scale column ``<column>_scale`` (:mod:`hs_dataset.codec.fp8`: scale = amax / 448, as in
+vLLM speculators' hidden-state connectors); the reader multiplies back to bf16. States that arrive
+already quantized (the SGLang plugin does it on the GPU) are stored as they are; bf16 states are
+quantized here with the same function.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from datasets import Array2D, Features, List, Value
+
+from hs_dataset.codec.fp8 import fp8_dequantize, fp8_quantize
+from hs_dataset.errors import ConfigError, SampleError
+from hs_dataset.layout import MESSAGES_COLUMN, STORAGE_DTYPES, StorageDtype, scale_column, state_columns
+from hs_dataset.records import CaptureResult
+
+__all__ = ["ARROW_MAX_ELEMENTS", "bf16_bits", "bytes_per_token", "check_finite", "check_storage_dtype", "encode_row",
+           "fp8_decode", "fp8_encode", "make_features", "row_table"]
+
+
+def check_storage_dtype(storage_dtype: str) -> StorageDtype:
+    """``storage_dtype`` as a :data:`~hs_dataset.layout.StorageDtype`.
+
+    Raises:
+        ConfigError: not one of :data:`~hs_dataset.layout.STORAGE_DTYPES`.
+    """
+    if storage_dtype not in STORAGE_DTYPES:
+        raise ConfigError(f"storage_dtype {storage_dtype!r} unknown: use one of {', '.join(STORAGE_DTYPES)}",
+                          field="storage_dtype", value=storage_dtype)
+    return storage_dtype  # type: ignore[return-value]
+
+
+def make_features(layers: tuple[int, ...], hidden_size: int, storage_dtype: StorageDtype = "bfloat16", *,
+                  messages: bool = False) -> Features:
+    """The dataset schema for these layers (``messages``: a regenerate build's conversation column)."""
+    check_storage_dtype(storage_dtype)
+    cols: dict[str, Any] = {"id": Value("string")}
+    if messages:
+        cols[MESSAGES_COLUMN] = Value("string")
+    cols.update({
+        "input_ids": List(Value("int32")),
+        "loss_mask": List(Value("uint8")),
+        "num_tokens": Value("int32"),
+    })
+    bits = "uint16" if storage_dtype == "bfloat16" else "uint8"
+    for c in state_columns(layers):
+        cols[c] = Array2D(shape=(None, hidden_size), dtype=bits)
+        if storage_dtype == "fp8_e4m3":
+            cols[scale_column(c)] = List(Value("float32"))
+    return Features(cols)
+
+
+def bytes_per_token(n_states: int, hidden_size: int, storage_dtype: StorageDtype = "bfloat16") -> int:
+    """Hidden-state payload bytes per token (what writer batches and shard sizes are computed from)."""
+    if storage_dtype == "bfloat16":
+        return n_states * hidden_size * 2
+    return n_states * (hidden_size + 4)
+
+
+def check_finite(result: CaptureResult, columns: list[str]) -> None:
+    """Raise :class:`SampleError` naming the first state (layer) holding NaN or Inf.
+
+    Uses the backend's own count when it made one (``result.nonfinite``), else checks here.
+    """
+    if result.nonfinite is not None:
+        bad_states = [j for j, n in enumerate(result.nonfinite) if n]
+        if not bad_states:
+            return
+        bad = bad_states[0]
+    else:
+        values = result.states if result.scales is None else result.scales  # fp8 NaN carries into the scale
+        finite = torch.isfinite(values).flatten(1).all(dim=1)
+        if bool(finite.all()):
+            return
+        bad = int((~finite).nonzero()[0, 0])
+    if result.scales is None:
+        st = result.states[bad]
+        nan, inf = int(torch.isnan(st).sum()), int(torch.isinf(st).sum())
+        what = f"{nan} NaN and {inf} Inf values"
+    else:
+        what = f"{result.nonfinite[bad] if result.nonfinite else '?'} positions with NaN or Inf"
+    raise SampleError(columns[bad], f"non-finite hidden state: {what}")
+
+
+def bf16_bits(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy view of a contiguous CPU bf16 tensor as a uint16 numpy array."""
+    if t.dtype != torch.bfloat16:
+        raise TypeError(f"expected torch.bfloat16, got {t.dtype}")
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def fp8_encode(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """bf16 ``[T, H]`` -> (float8 e4m3fn bits ``uint8 [T, H]``, per-token scale ``float32 [T]``)."""
+    q, scale = fp8_quantize(t)
+    return q.numpy(), scale.numpy()
+
+
+def fp8_decode(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`fp8_encode`: uint8 bits ``[T, H]`` and float32 scales ``[T]`` -> bf16."""
+    return fp8_dequantize(bits, scale)
+
+
+def encode_row(result: CaptureResult, storage_dtype: StorageDtype = "bfloat16", *,
+               check_nonfinite: bool = True) -> dict[str, Any]:
+    """One dataset row for a captured sample. Raises SampleError on NaN/Inf (names the layer)."""
+    s = result.sample
+    cols = state_columns(result.layers)
+    if result.states.shape[1] != s.num_tokens:
+        raise SampleError(cols[0], f"backend returned {result.states.shape[1]} positions for {s.num_tokens} tokens")
+    if result.encoding != "bfloat16" and result.encoding != storage_dtype:
+        raise ValueError(f"the backend delivered {result.encoding} states for a {storage_dtype} dataset")
+    if check_nonfinite:
+        check_finite(result, cols)
+    row: dict[str, Any] = {
+        "id": s.sample_id,
+        MESSAGES_COLUMN: s.messages,
+        "input_ids": s.input_ids.astype(np.int32, copy=False),
+        "loss_mask": s.loss_mask.astype(np.uint8, copy=False),
+        "num_tokens": s.num_tokens,
+    }
+    for i, c in enumerate(cols):
+        if storage_dtype == "bfloat16":
+            row[c] = bf16_bits(result.states[i])
+        elif result.scales is not None:  # quantized by the backend: stored as it is, no copy
+            row[c], row[scale_column(c)] = result.states[i].numpy(), result.scales[i].numpy()
+        else:
+            row[c], row[scale_column(c)] = fp8_encode(result.states[i])
+    return row
+
+
+ARROW_MAX_ELEMENTS = 2**31 - 1  # Array2D's inner list offsets are 32-bit
+
+
+def _arrow_values(a: np.ndarray) -> pa.Array:
+    """Zero-copy Arrow view of a contiguous 1-D numpy array (the buffer keeps ``a`` alive)."""
+    a = np.ascontiguousarray(a).reshape(-1)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), a.size, [None, pa.py_buffer(a)])
+
+
+def _one_row_list(values: pa.Array, type_: pa.DataType | None = None) -> pa.Array:
+    return pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values, type=type_)
+
+
+def row_table(row: dict[str, Any], schema: pa.Schema) -> pa.Table:
+    """One encoded row (see :func:`encode_row`) as a one-row Arrow table of ``schema``.
+
+    Hidden-state columns are wrapped **without copying** their bytes: the table's buffers are the
+    backend's tensors. ``datasets``' own path (``Features.encode_example`` + ``TypedSequence``) copies
+    every ``Array2D`` value three times (``np.array``, ``flatten``, ``concat_arrays``), which at
+    Kimi scale (117 MB per sample) costs as much as writing the bytes to disk.
+    """
+    arrays = []
+    for col in schema:
+        v = row[col.name]
+        t = col.type
+        if isinstance(t, pa.ExtensionType):  # Array2D(shape=(None, H)): list<list<bits>>
+            n, h = v.shape
+            inner = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * h, h, dtype=np.int32)),
+                                             _arrow_values(v))
+            arrays.append(pa.ExtensionArray.from_storage(t, _one_row_list(inner)))
+        elif pa.types.is_list(t):
+            arrays.append(_one_row_list(_arrow_values(np.asarray(v, dtype=t.value_type.to_pandas_dtype())), t))
+        else:
+            arrays.append(pa.array([v], t))
+    return pa.Table.from_arrays(arrays, schema=schema)

@@ -1,0 +1,98 @@
+"""Can the Hub be used, and what a failed Hub request means, in one line with the fix.
+
+:func:`check_hub` runs before any work of ``push`` / ``versions`` / ``verify REPO`` (a push hashes
+the whole build first): a missing token, an endpoint that cannot be reached and a token the Hub
+refuses are each one :class:`~hs_dataset.errors.HubAccessError`. :func:`hub_errors` turns what
+``huggingface_hub`` raises later (401, 403, 404, 5xx, a dropped connection) into the same kind of
+error. The token is never part of a message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import huggingface_hub.constants as hconst
+from huggingface_hub import HfApi, get_token
+from huggingface_hub import errors as herr
+from huggingface_hub.utils import get_session
+
+from hs_dataset.errors import HubAccessError
+
+__all__ = ["check_hub", "endpoint_of", "hub_error", "hub_errors"]
+
+LOGIN = "set HF_TOKEN or run `hf auth login`"
+
+
+def endpoint_of(endpoint: str | None = None) -> str:
+    """The Hub endpoint used: ``endpoint``, else ``HF_ENDPOINT``, else huggingface.co."""
+
+    return (endpoint or hconst.ENDPOINT).rstrip("/")
+
+
+def hub_error(e: BaseException, endpoint: str | None = None, repo_id: str | None = None) -> HubAccessError | None:
+    """The one-line :class:`HubAccessError` for an error of a Hub request (None: not one)."""
+
+    ep = endpoint_of(endpoint)
+    what = f"{repo_id} on {ep}" if repo_id else ep
+    if isinstance(e, herr.HfHubHTTPError):
+        status = e.response.status_code if e.response is not None else None
+        server = (getattr(e, "server_message", None) or "").strip().replace("\n", " ")[:200]
+        said = f" ({server})" if server else ""
+        if isinstance(e, herr.RevisionNotFoundError):
+            return HubAccessError(f"{what}: no such version or revision{said}: `hs-dataset versions {repo_id}` "
+                                  "lists them")
+        if status == 401:
+            return HubAccessError(f"{what} refused the token (401 Unauthorized){said}: {LOGIN} with a valid token "
+                                  "(or, for a private repo, one that may read it)")
+        if status == 403:
+            return HubAccessError(f"{what}: the token may not do this (403 Forbidden){said}: use a token with "
+                                  "write access to the repo (or its organization)")
+        if status == 404 or isinstance(e, herr.RepositoryNotFoundError):
+            return HubAccessError(f"{what}: not found (404){said}: check the repo id; a private repo needs a "
+                                  f"token ({LOGIN})")
+        if status is not None and status >= 500:
+            return HubAccessError(f"{ep} answered {status}{said}: the Hub has a problem; run the same command "
+                                  "again later (a push resumes)")
+        return HubAccessError(f"{what}: the Hub answered {status}{said}")
+    if isinstance(e, herr.HTTPError):  # no answer at all: connection refused, DNS, timeout...
+        return HubAccessError(f"cannot reach {ep} ({type(e).__name__}: {str(e)[:120]}): check HF_ENDPOINT and "
+                              "the network, then run the same command again")
+    return None
+
+
+@contextlib.contextmanager
+def hub_errors(endpoint: str | None = None, repo_id: str | None = None) -> Iterator[None]:
+    """Raise what a Hub request raises inside as :func:`hub_error` (errors of other kinds pass through)."""
+    try:
+        yield
+    except Exception as e:
+        err = hub_error(e, endpoint, repo_id)
+        if err is None:
+            raise
+        raise err from e
+
+
+def check_hub(*, token: str | None = None, endpoint: str | None = None, need_token: bool = True) -> str | None:
+    """Check, before any work, that the Hub can be used; return the token's user name (None: no token).
+
+    Args:
+        token: the token to use (default: huggingface_hub's ``HF_TOKEN`` / stored login).
+        endpoint: the Hub (default ``HF_ENDPOINT``).
+        need_token: a missing token is an error (a push); else only the endpoint is checked.
+
+    Raises:
+        HubAccessError: no token (``need_token``), the endpoint cannot be reached, or it refuses the token.
+    """
+
+    ep = endpoint_of(endpoint)
+    tok = token or get_token()
+    if tok is None:
+        if need_token:
+            raise HubAccessError(f"no Hugging Face token: {LOGIN} (a push to {ep} needs one that may write)")
+        with hub_errors(ep):
+            get_session().get(f"{ep}/api/whoami-v2", timeout=30)  # any answer will do: it is reachable
+        return None
+    with hub_errors(ep):
+        info = HfApi(endpoint=ep, token=tok).whoami()
+    return str(info.get("name")) if isinstance(info, dict) else None

@@ -1,0 +1,253 @@
+"""``hs-dataset verify``: does a build (local, or a published version) hold exactly what its
+``hs_dataset.json`` records?
+
+    hs-dataset verify kimi-hs                   # every shard: present, size, content hash, rows
+    hs-dataset verify kimi-hs --quick           # size, first/last MiB, rows (what a resumed build checks)
+    hs-dataset verify org/kimi-eagle3-hs --revision v1.0           # downloads the version, full check
+    hs-dataset verify org/kimi-eagle3-hs --revision v1.0 --quick   # the Hub's file list and sizes only
+
+Checked: every shard listed in ``hs_dataset.json`` (``shards``) exists with its size, rows and
+xxh3-128 (:mod:`hs_dataset.integrity.checksums`), no other file is in ``data/`` (readers would load it too),
+and the shards' rows add up to the recorded ``counts.written``. Each problem names the shard and the
+part to rebuild. For a local build a full check also marks the damaged parts in
+``.hs_build/damaged.json``, so that running the same build command again rebuilds exactly them (a
+flipped bit in the middle of a large shard is beyond the quick check a resumed build runs itself).
+``push`` runs the full check first and refuses a build that fails it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import HfApi
+from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub.hf_api import RepoFile
+
+from hs_dataset.integrity.damage import mark_damaged
+from hs_dataset.errors import IntegrityError, NotABuildError
+from hs_dataset.integrity.checksums import HASH_KEY, check_shard
+from hs_dataset.layout import DATA_DIR, META_FILE, SHARD_RE, STATE_DIR
+
+__all__ = ["Problem", "VerifyReport", "check_files", "check_listing", "damage_of", "data_files", "read_meta",
+           "recorded_shards",
+           "verify_build", "verify_repo"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong: ``path`` (relative to the build, e.g. ``data/train-00003-000.arrow``), what
+    is wrong with it, and the part that must be rebuilt (None: nothing to rebuild, e.g. an unlisted file)."""
+
+    path: str
+    what: str
+    part: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path} {self.what}" + (f" (part {self.part})" if self.part is not None else "")
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of a verification; ``ok`` when ``problems`` is empty."""
+
+    where: str
+    quick: bool
+    shards: int
+    rows: int
+    problems: list[Problem] = field(default_factory=list)
+    repair: str = ""
+    commit: str | None = None  # the commit verified, for a published version
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def parts(self) -> list[int]:
+        """The parts to rebuild."""
+        return sorted({p.part for p in self.problems if p.part is not None})
+
+    def message(self) -> str:
+        """One paragraph: every problem, then what to do."""
+        kind = "quick check" if self.quick else "full check"
+        if self.ok:
+            return f"{self.where}: {self.shards} shards, {self.rows} rows: all match {META_FILE} ({kind})"
+        lines = "; ".join(str(p) for p in self.problems)
+        return f"{self.where} does not match its {META_FILE} ({kind}): {lines}. {self.repair}"
+
+    def raise_if_bad(self) -> None:
+        """Raise :class:`IntegrityError` with :meth:`message` unless ``ok``."""
+        if not self.ok:
+            raise IntegrityError(self.message(), self.problems)
+
+
+def read_meta(root: Path) -> dict[str, Any]:
+    """A finished build's ``hs_dataset.json`` (raises :class:`NotABuildError` when there is none)."""
+    path = root / META_FILE
+    if not path.is_file():
+        raise NotABuildError(f"{root} is not a finished hs_dataset build (no {META_FILE}); run or resume the build "
+                             "until it completes")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise NotABuildError(f"{path} is not valid JSON ({e}); run the build command again to rewrite it") from None
+    if not isinstance(meta, dict):
+        raise NotABuildError(f"{path} must hold a JSON object")
+    return meta
+
+
+def recorded_shards(meta: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The ``shards`` entries of a build's metadata (raises :class:`IntegrityError` when absent)."""
+    shards = meta.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(s, dict) and "name" in s and "bytes" in s and "rows" in s
+                                               for s in shards):
+        raise IntegrityError(f"{where}: {META_FILE} records no shard checksums (built by an hs_dataset without "
+                             "them): nothing can be verified; rebuild it into a new directory")
+    return shards
+
+
+def _part(name: str) -> int | None:
+    m = SHARD_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def damage_of(problems: list[Problem]) -> dict[int, str]:
+    """``{part: what}`` of the problems that name a part to rebuild (:func:`hs_dataset.integrity.damage.mark_damaged`)."""
+    return {p.part: f"{p.path} {p.what}" for p in problems if p.part is not None}
+
+
+def check_listing(meta: dict[str, Any], present: dict[str, int], where: str) -> tuple[list[Problem], int]:
+    """Compare the files found in ``data/`` (``{name: bytes}``) with the recorded shards: missing,
+    wrong size, unlisted; and the recorded rows with ``counts.written``. -> (problems, recorded rows)."""
+    shards = recorded_shards(meta, where)
+    problems: list[Problem] = []
+    listed = {s["name"]: s for s in shards}
+    for name, s in listed.items():
+        if name not in present:
+            problems.append(Problem(f"{DATA_DIR}/{name}", "is missing", _part(name)))
+        elif present[name] != int(s["bytes"]):
+            problems.append(Problem(f"{DATA_DIR}/{name}", f"has {present[name]} bytes, {s['bytes']} recorded",
+                                    _part(name)))
+    for name in sorted(set(present) - set(listed)):
+        problems.append(Problem(f"{DATA_DIR}/{name}", "is not listed in hs_dataset.json (a copy or a leftover: "
+                                "readers would load its rows too)"))
+    rows = sum(int(s["rows"]) for s in shards)
+    written = (meta.get("counts") or {}).get("written")
+    if written is not None and rows != int(written):
+        problems.append(Problem(META_FILE, f"lists shards of {rows} rows but counts {written} written"))
+    return problems, rows
+
+
+def data_files(root: Path) -> dict[str, int]:
+    """Every file under ``root/data`` (its path there, subfolders included) with its size."""
+    data = root / DATA_DIR
+    if not data.is_dir():
+        return {}
+    return {p.relative_to(data).as_posix(): p.stat().st_size for p in sorted(data.rglob("*")) if not p.is_dir()}
+
+
+def check_files(root: Path, meta: dict[str, Any], *, quick: bool,
+                digests: dict[str, str] | None = None) -> tuple[list[Problem], int]:
+    """The files in ``root/data`` against the shards ``meta`` records (``shards``, ``counts.written``):
+    the listing (:func:`check_listing`), then each shard's size, rows and content hash (``quick``: first
+    and last MiB instead of the hash). ``meta`` may be a shard's part records gathered
+    (:mod:`hs_dataset.scale.merge`). -> (problems, recorded rows)."""
+    problems, rows = check_listing(meta, data_files(root), str(root))
+    named = {p.path for p in problems}
+    for s in recorded_shards(meta, str(root)):
+        rel = f"{DATA_DIR}/{s['name']}"
+        if rel in named:
+            continue  # missing or of the wrong size: said already
+        why = check_shard(root / rel, s, quick=quick, digest=(digests or {}).get(rel))
+        if why is not None:
+            problems.append(Problem(rel, why, _part(s["name"])))
+    return problems, rows
+
+
+def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[str, str] | None = None,
+                 mark: bool = True) -> VerifyReport:
+    """Verify a finished build directory against its ``hs_dataset.json``.
+
+    Args:
+        path: the build directory (or a downloaded version).
+        quick: size + first/last MiB + rows per shard instead of the full content hash.
+        digests: ``{"data/<name>": xxh3-128}`` already computed by the caller (push), not recomputed.
+        mark: on a full check of a local build, record the damaged parts in ``.hs_build/damaged.json``
+            so that the next build rebuilds them.
+
+    Raises:
+        NotABuildError: no (readable) ``hs_dataset.json``.
+        IntegrityError: it records no shard checksums.
+    """
+    root = Path(path)
+    meta = read_meta(root)
+    problems, rows = check_files(root, meta, quick=quick, digests=digests)
+    shards = recorded_shards(meta, str(root))
+    report = VerifyReport(str(root), quick, len(shards), rows, problems)
+    local = (root / STATE_DIR / "parts").is_dir()
+    command = meta.get("build_command")
+    again = f"the build command again (`{command}`)" if command else "the same build again (the same configuration)"
+    if local:
+        foreign = [p.path for p in problems if p.part is None and p.path.startswith(DATA_DIR + "/")
+                   and not SHARD_RE.match(p.path[len(DATA_DIR) + 1:])]
+        move = f" Move {', '.join(foreign)} out of {root / DATA_DIR} first (a build removes only files named like its " \
+               "shards)." if foreign else ""
+        report.repair = (f"Repair: run {again} on {root}: it rebuilds part(s) {report.parts} and removes unlisted "
+                         "shard files (then verify again)." if report.parts else
+                         f"Repair: run {again} on {root}: it removes the unlisted shard files.") + move
+        if mark and not quick:
+            mark_damaged(root, damage_of(problems))
+    else:
+        report.repair = (f"This copy has no build state ({STATE_DIR}/): download it again; if the published files "
+                         f"are damaged, rebuild part(s) {report.parts} where it was built ({again}) and push "
+                         "again with --force.")
+    return report
+
+
+
+
+def verify_repo(repo_id: str, *, revision: str | None = None, quick: bool = False, token: str | None = None,
+                endpoint: str | None = None, local_dir: str | os.PathLike | None = None) -> VerifyReport:
+    """Verify a published version: download it (``huggingface_hub.snapshot_download``) and run the
+    full check, or with ``quick`` compare the Hub's file list and sizes with its ``hs_dataset.json``
+    without downloading the shards.
+
+    Args:
+        repo_id: the dataset repository (``org/name``).
+        revision: the version (tag), branch or commit (default: main).
+        quick: names and sizes only, nothing downloaded.
+        token, endpoint: for the Hub.
+        local_dir: download into this folder (default: the hub cache).
+
+    Raises:
+        NotABuildError: the revision holds no ``hs_dataset.json``.
+        IntegrityError: it records no shard checksums.
+    """
+
+    api = HfApi(endpoint=endpoint, token=token)
+    sha = api.dataset_info(repo_id, revision=revision).sha
+    where = f"{repo_id}@{revision or 'main'} ({sha})"
+    if not quick:
+        snapshot = api.snapshot_download(repo_id, repo_type="dataset", revision=sha,
+                                         local_dir=None if local_dir is None else Path(local_dir))
+        report = verify_build(snapshot, mark=False)
+        report.where, report.commit = where, sha
+        return report
+    try:
+        meta = json.loads(Path(api.hf_hub_download(repo_id, META_FILE, repo_type="dataset", revision=sha))
+                          .read_text(encoding="utf-8"))
+    except EntryNotFoundError:
+        raise NotABuildError(f"{where} holds no {META_FILE}: not an hs_dataset version") from None
+    prefix = DATA_DIR + "/"
+    present = {e.path[len(prefix):]: int(e.size) for e in api.list_repo_tree(
+        repo_id, repo_type="dataset", revision=sha, recursive=True) if isinstance(e, RepoFile)
+        and e.path.startswith(prefix)}
+    problems, rows = check_listing(meta, present, where)
+    return VerifyReport(where, True, len(recorded_shards(meta, where)), rows, problems, commit=sha,
+                        repair=f"The published files differ from their {META_FILE} (names and sizes; a full check "
+                               f"compares {HASH_KEY} hashes): rebuild the named parts where the version was built and "
+                               "push again with --force.")

@@ -1,0 +1,96 @@
+"""The prepare stage as one generator: source rows -> parsed -> (regenerated) -> tokenized and masked.
+
+One generator feeds both the builder and the capture stream, and ``plan`` reads the source through
+it too, so a plan counts exactly what a build writes. It needs no model, only the tokenizer (and,
+for ``responses="regenerate"``, the backend that writes the replies).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.errors import ConfigError, SampleError
+from hs_dataset.prepare.conversations import parse_row
+from hs_dataset.prepare.loss_mask import tokenize_sample
+from hs_dataset.config import GenerationOptions
+from hs_dataset.prepare.regenerate import Generator, messages_json, regenerate_conversations
+from hs_dataset.prepare.sources import iter_source
+from hs_dataset.records import Conversation, Reject, TokenizedSample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["tokenized_samples"]
+
+
+def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
+                      ranges: list[tuple[int, int | None]], on_reject: Callable[[int, Reject], None], *,
+                      generator: object | None = None) -> Iterator[tuple[int, TokenizedSample]]:
+    """Read, parse, (regenerate,) then tokenize and mask the source rows of ``ranges``: ``(row index, sample)``.
+
+    Args:
+        config: the build's configuration (source, sample ids, max_length, mask, truncation, responses).
+        tokenizer: the target's tokenizer, loaded once (:func:`hs_dataset.prepare.tokenizer.load_tokenizer`).
+        vocab_size: token ids at or above it are rejects (the smaller of the tokenizer's and the model's
+            embedding rows).
+        ranges: ``(start, stop)`` source rows (``stop`` None: to the end).
+        on_reject: gets ``(row index, reject)`` for a row that cannot be used (stage ``source``,
+            ``regenerate`` or ``tokenize``).
+        generator: with ``responses="regenerate"``, what writes the replies (the capture backend); each
+            range's conversations are regenerated together (:mod:`hs_dataset.prepare.regenerate`).
+
+    Raises:
+        ConfigError: ``responses="regenerate"`` without a generator that can generate.
+    """
+    cfg = config
+    vocab = vocab_size
+
+    def tokenized(index: int, sample_id: str, parsed: Conversation | TokenizedSample, stage: str):
+        try:
+            sample = tokenize_sample(parsed, tokenizer, max_length=cfg.max_length, mask=cfg.mask,
+                                     truncation=cfg.truncation, vocab_size=vocab)
+        except SampleError as e:
+            on_reject(index, Reject(sample_id, e.field, e.reason, stage))
+            return None
+        if cfg.responses == "regenerate":
+            sample.messages = messages_json(parsed)  # type: ignore[arg-type]
+        return sample
+
+    for start, stop in ranges:
+        parsed_rows: list[tuple[int, str, Conversation]] = []
+        for row in iter_source(cfg.source, start=start or 0, stop=stop, sample_id=cfg.sample_id):
+            try:
+                parsed = parse_row(row)
+            except SampleError as e:
+                on_reject(row.index, Reject(row.sample_id, e.field, e.reason, "source"))
+                continue
+            if cfg.responses == "source":
+                sample = tokenized(row.index, row.sample_id, parsed, "tokenize")
+                if sample is not None:
+                    yield row.index, sample
+            elif not isinstance(parsed, Conversation):
+                on_reject(row.index, Reject(row.sample_id, "input_ids", "already tokenized rows have no replies to "
+                                            "regenerate (responses=regenerate needs conversations)", "regenerate"))
+            else:
+                parsed_rows.append((row.index, row.sample_id, parsed))
+        if parsed_rows:
+            yield from _regenerated(parsed_rows, tokenizer, generator, cfg, on_reject, tokenized)
+
+
+def _regenerated(rows: list[tuple[int, str, Conversation]], tokenizer: PreTrainedTokenizerBase,
+                 generator: object | None, cfg: HiddenStatesConfig, on_reject: Callable[[int, Reject], None],
+                 tokenized: Callable[..., TokenizedSample | None]) -> Iterator[tuple[int, TokenizedSample]]:
+    if not isinstance(generator, Generator):
+        name = getattr(generator, "name", "capture")
+        raise ConfigError(f"responses=regenerate: the {name} backend cannot generate (use the transformers "
+                          "or sglang backend, without isolate)")
+    options = GenerationOptions.from_config(cfg.generation)
+    convs = regenerate_conversations([c for _, _, c in rows], tokenizer, generator, options, cfg.max_length)
+    for (index, sample_id, _), conv in zip(rows, convs):
+        if isinstance(conv, SampleError):
+            on_reject(index, Reject(sample_id, conv.field, conv.reason, "regenerate"))
+            continue
+        sample = tokenized(index, sample_id, conv, "tokenize")
+        if sample is not None:
+            yield index, sample

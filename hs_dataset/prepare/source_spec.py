@@ -1,0 +1,193 @@
+"""Which source a build reads: its kind (JSONL, JSON, Parquet, a saved dataset, ``hf:``), name, local
+path, how many rows it has and a fingerprint of its content (for resume checks). Reading its rows is
+:mod:`hs_dataset.prepare.sources`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from hs_dataset.errors import ConfigError, MissingPathError
+from hs_dataset.layout import utf8_safe
+
+__all__ = ["SourceSpec", "count_rows", "dataset_name", "load_json_rows", "load_source_dataset", "resolve_source",
+           "rows_to_build", "source_fingerprint", "source_name", "source_path"]
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    kind: str  # "jsonl" | "json" | "parquet" | "disk" | "hf"
+    path: str
+    split: str | None
+    name: str  # valid UTF-8: a file name's undecodable bytes are escaped (layout.utf8_safe)
+
+
+def resolve_source(source: str | os.PathLike[str]) -> SourceSpec:
+    text = os.fspath(source)
+    if text.startswith("hf:"):
+        rest = text[3:]
+        path, _, split = rest.partition(":")
+        if not path:
+            raise ConfigError(f"source {text!r}: expected 'hf:<path_or_name>[:split]'")
+        name = Path(path.rstrip("/")).name or path
+        return SourceSpec("hf", path, split or None, utf8_safe(name))
+    p = Path(text)
+    if not p.exists():
+        # "dir:split" for a DatasetDict saved to disk.
+        head, sep, split = text.rpartition(":")
+        if sep and head and Path(head).is_dir():
+            return SourceSpec("disk", head, split or None, utf8_safe(Path(head).name))
+        raise MissingPathError(
+            f"source {text!r} does not exist; give a .jsonl/.json/.parquet file, a directory saved "
+            "with datasets' save_to_disk (optionally 'dir:split'), or 'hf:<path_or_name>[:split]'", path=text,
+            field="source")
+    if p.is_dir():
+        return SourceSpec("disk", text, None, utf8_safe(p.name))
+    suffix = p.suffix.lower()
+    kinds = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet"}
+    if suffix not in kinds:
+        raise ConfigError(
+            f"source {text!r}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet, "
+            "or load it through 'hf:<path>'"
+        )
+    return SourceSpec(kinds[suffix], text, None, utf8_safe(p.stem))
+
+
+def source_path(source: str | os.PathLike[str]) -> Path | None:
+    """The local file or folder ``source`` reads (None: a dataset ``hf:`` loads by name, or nothing there)."""
+    text = os.fspath(source)
+    if text.startswith("hf:"):
+        text = text[3:].partition(":")[0]
+    p = Path(text)
+    if not p.exists():
+        head, sep, _ = text.rpartition(":")
+        p = Path(head) if sep and head else p
+    return p if p.exists() else None
+
+
+def source_name(source: str | os.PathLike[str]) -> str:
+    """The name used in ``"<source name>:<row index>"`` sample ids.
+
+    The file stem for files; the directory or dataset name for datasets, plus ``/<split>`` when
+    the split was picked from several (a ``DatasetDict`` or ``load_dataset``).
+    """
+    spec = resolve_source(source)
+    if spec.kind in ("jsonl", "json", "parquet"):
+        return spec.name
+    return dataset_name(spec, load_source_dataset(spec)[1])
+
+
+def dataset_name(spec: SourceSpec, split: str | None) -> str:
+    return f"{spec.name}/{split}" if split else spec.name
+
+
+def _pick_split(obj: Any, split: str | None, where: str) -> tuple[Any, str | None]:
+    import datasets  # deferred: only saved datasets and hf: sources need it
+
+    if isinstance(obj, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        names = list(obj.keys())
+        if split is None:
+            if len(names) == 1:
+                split = names[0]
+            elif "train" in names:
+                split = "train"
+            else:
+                raise ConfigError(f"{where} has splits {names}; pick one with '{where}:<split>'")
+        if split not in obj:
+            raise ConfigError(f"{where} has no split {split!r}; its splits are {names}")
+        return obj[split], split
+    if split is not None:
+        raise ConfigError(f"{where} is a single dataset without splits; drop ':{split}'")
+    return obj, None
+
+
+def load_source_dataset(spec: SourceSpec) -> tuple[Any, str | None]:
+    """Load a map-style (memory-mapped) ``datasets.Dataset`` and the split it was taken from."""
+    import datasets  # deferred: only saved datasets and hf: sources need it
+
+    if spec.kind == "disk":
+        try:
+            obj = datasets.load_from_disk(spec.path)
+        except FileNotFoundError as e:
+            raise ConfigError(
+                f"directory {spec.path!r} is not a dataset saved with save_to_disk ({e}); for a "
+                "directory of data files use 'hf:<dir>'"
+            ) from e
+        return _pick_split(obj, spec.split, spec.path)
+    if spec.split is not None:
+        return datasets.load_dataset(spec.path, split=spec.split), spec.split
+    return _pick_split(datasets.load_dataset(spec.path), None, f"hf:{spec.path}")
+
+
+def load_json_rows(path: str) -> list[Any]:
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(
+            f"{path}: not a valid UTF-8 JSON file ({e}); fix the file, or use JSONL (one row per "
+            "line) so that a bad row only rejects that row"
+        ) from e
+    if isinstance(doc, dict) and isinstance(doc.get("data"), list):
+        return doc["data"]
+    if isinstance(doc, list):
+        return doc
+    raise ConfigError(f"{path}: expected a JSON list of rows or {{\"data\": [rows]}}, got {type(doc).__name__}")
+
+
+def rows_to_build(source: str | os.PathLike[str], max_samples: int | None) -> int:
+    """The source rows a build reads: all of :func:`count_rows`, at most ``max_samples``."""
+    rows = count_rows(source)
+    return rows if max_samples is None else min(rows, max_samples)
+
+
+def count_rows(source: str | os.PathLike[str]) -> int:
+    """Number of rows :func:`iter_source` yields for the whole source.
+
+    Cheap where possible: JSONL counts newlines in 1 MiB chunks, parquet reads the footer,
+    datasets use their length; a JSON file is parsed.
+    """
+    spec = resolve_source(source)
+    if spec.kind == "jsonl":
+        count = 0
+        last = b"\n"
+        with open(spec.path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                count += chunk.count(b"\n")
+                last = chunk[-1:]
+        return count + (0 if last == b"\n" else 1)
+    if spec.kind == "json":
+        return len(load_json_rows(spec.path))
+    if spec.kind == "parquet":
+
+        return int(pq.ParquetFile(spec.path).metadata.num_rows)
+    return len(load_source_dataset(spec)[0])
+
+
+def source_fingerprint(source: str | os.PathLike[str]) -> str:
+    """A sha256 hex digest that changes when the source's content changes (for resume checks).
+
+    Files: sha256 over the file bytes. Datasets: sha256 over the dataset fingerprint(s) and split.
+    """
+    spec = resolve_source(source)
+    h = hashlib.sha256()
+    if spec.kind in ("jsonl", "json", "parquet"):
+        with open(spec.path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
+    ds, split = load_source_dataset(spec)
+    fp = getattr(ds, "_fingerprint", None)
+    if not fp:
+        raise ConfigError(f"dataset {spec.path!r} has no fingerprint; save it with save_to_disk first")
+    h.update(f"{split}\0{fp}\0{len(ds)}".encode("utf-8"))
+    return h.hexdigest()

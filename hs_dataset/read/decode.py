@@ -1,0 +1,118 @@
+"""Arrow rows -> torch tensors: the stored bits back to bf16, without upcasts, safe to write to.
+
+``load_dataset`` gives nested Python lists for ``Array2D`` columns, and ``with_format("torch")``
+copies every value into an int64 tensor (the uint16 bit patterns as numbers, not bf16). These
+functions read the Arrow buffers instead: bf16 bits are viewed as ``torch.bfloat16``, fp8-stored
+columns are decoded to bf16 (one multiply). Tensors are never views of the read-only shard
+mappings (an in-place op there is a segfault): large states are private copy-on-write mappings of
+the same bytes (:mod:`hs_dataset.read.safe_views`), small values are copied, and memory no file backs
+(a streaming dataset's batches) is viewed as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import pyarrow as pa
+import torch
+
+from hs_dataset.codec.encode import fp8_decode
+from hs_dataset.layout import FINAL_COLUMN, MESSAGES_COLUMN, layer_of, scale_column
+from hs_dataset.read.safe_views import SafeViews
+
+__all__ = ['column_bits', 'decode_row', 'decode_state', 'list_values', 'state_columns_of']
+
+
+def _chunk_and_index(col: pa.ChunkedArray | pa.Array, i: int) -> tuple[pa.Array, int]:
+    if isinstance(col, pa.Array):
+        return col, i
+    for chunk in col.chunks:
+        if i < len(chunk):
+            return chunk, i
+        i -= len(chunk)
+    raise IndexError("row index out of range")
+
+
+def _as_tensor(values: pa.Array, views: SafeViews) -> torch.Tensor:
+    """A torch tensor of a primitive Arrow array without nulls, made by ``views``."""
+    return views.tensor(values.to_numpy(zero_copy_only=True))
+
+
+def column_bits(col: pa.ChunkedArray | pa.Array, i: int = 0, *, views: SafeViews | None = None) -> torch.Tensor:
+    """Row ``i`` of an ``Array2D(shape=(None, H))`` column as its raw stored integer tensor ``[T, H]``.
+
+    ``views`` (see :mod:`hs_dataset.read.safe_views`): how tensors over Arrow memory are made; by default
+    a :class:`~hs_dataset.read.safe_views.SafeViews` for this call (tensors safe to write to).
+    """
+    views = views or SafeViews()
+    chunk, j = _chunk_and_index(col, i)
+    storage = chunk.storage if isinstance(chunk, pa.ExtensionArray) else chunk
+    outer = storage.offsets
+    s, e = outer[j].as_py(), outer[j + 1].as_py()
+    inner = storage.values
+    a, b = inner.offsets[s].as_py(), inner.offsets[e].as_py()
+    flat = _as_tensor(inner.values.slice(a, b - a), views)
+    T = e - s
+    return flat.view(T, (b - a) // T if T else 0)
+
+
+def list_values(col: pa.ChunkedArray | pa.Array, i: int = 0, *, views: SafeViews | None = None) -> torch.Tensor:
+    """Row ``i`` of a ``List(Value(...))`` column as a 1-D tensor (``views``: as in :func:`column_bits`)."""
+    chunk, j = _chunk_and_index(col, i)
+    values = chunk.values.slice(chunk.offsets[j].as_py(), chunk.value_lengths()[j].as_py())
+    return _as_tensor(values, views or SafeViews())
+
+
+def decode_state(table: pa.Table, column: str, i: int = 0, *, views: SafeViews | None = None) -> torch.Tensor:
+    """One hidden-state column of row ``i`` as ``torch.bfloat16 [T, H]`` (``views``: as in :func:`column_bits`).
+
+    Raises:
+        TypeError: the column holds neither bf16 nor fp8 bits.
+    """
+    views = views or SafeViews()
+    bits = column_bits(table.column(column), i, views=views)
+    if bits.dtype == torch.uint16:
+        return bits.view(torch.bfloat16)
+    if bits.dtype == torch.uint8:
+        return fp8_decode(bits, list_values(table.column(scale_column(column)), i, views=views))
+    raise TypeError(f"column {column!r} holds {bits.dtype}, not a hidden-state encoding")
+
+
+def state_columns_of(table: pa.Table) -> list[str]:
+    """Hidden-state columns of a table: the layers in ascending order, then the final state."""
+    layers = sorted((c for c in table.column_names if layer_of(c) is not None), key=lambda c: layer_of(c) or 0)
+    return layers + ([FINAL_COLUMN] if FINAL_COLUMN in table.column_names else [])
+
+
+def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None, *,
+               views: SafeViews | None = None) -> dict[str, Any]:
+    """Row ``i`` of an Arrow table (``ds.with_format("arrow")[k]`` or a batch) as torch tensors.
+
+    Args:
+        table: an Arrow table of a build's rows.
+        i: the row.
+        columns: the hidden-state columns to decode (default: all of them).
+        views: how tensors over Arrow memory are made (default: a fresh
+            :class:`~hs_dataset.read.safe_views.SafeViews`: tensors safe to write to).
+
+    Returns:
+        ``id`` (str), ``input_ids`` (int32 [T]), ``loss_mask`` (uint8 [T]), every hidden-state column (or
+        those in ``columns``) as ``torch.bfloat16 [T, H]``, and in regenerate builds ``messages`` (the
+        conversation as JSON text). Every tensor can be written to in place without touching the
+        dataset's files.
+
+    Raises:
+        TypeError: a column holds neither bf16 nor fp8 bits.
+    """
+    views = views or SafeViews()
+    out: dict[str, Any] = {}
+    names = table.column_names
+    for c in ("id", MESSAGES_COLUMN):  # MESSAGES_COLUMN: regenerate builds
+        if c in names:
+            out[c] = table.column(c)[i].as_py()
+    for c in ("input_ids", "loss_mask"):
+        if c in names:
+            out[c] = list_values(table.column(c), i, views=views)
+    for c in columns if columns is not None else state_columns_of(table):
+        out[c] = decode_state(table, c, i, views=views)
+    return out

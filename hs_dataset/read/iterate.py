@@ -1,0 +1,142 @@
+"""Iterating a dataset as dicts of torch tensors, the next rows read ahead on a thread.
+
+:func:`iter_torch` works on a map-style ``Dataset`` (:func:`hs_dataset.read.open.open_dataset`,
+``load_dataset``) and on a streaming ``IterableDataset``; each row is what
+:func:`hs_dataset.read.decode.decode_row` gives.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable, Iterable, Iterator
+
+import datasets
+import pyarrow as pa
+import torch
+
+from hs_dataset.read.decode import decode_row
+from hs_dataset.read.safe_views import SafeViews
+
+__all__ = ['READ_AHEAD_BYTES', 'iter_torch']
+
+
+READ_AHEAD_BYTES = 256 << 20  # map-style read-ahead per unit of ``prefetch``: two 117 MB Kimi rows
+
+
+def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
+               prefetch: int = 1) -> Iterator[dict[str, Any]]:
+    """Iterate a ``Dataset`` or a streaming ``IterableDataset`` as dicts of torch tensors (see decode_row).
+
+    Args:
+        ds: a map-style ``datasets.Dataset`` (:func:`open_dataset`, ``load_dataset(...)``) or a
+            streaming ``datasets.IterableDataset``.
+        batch_size: rows read as one Arrow batch.
+        columns: the hidden-state columns to decode (default: all).
+        prefetch: read-ahead on a background thread while the caller works on the current rows
+            (0: none). Streaming: ``prefetch`` Arrow batches are read ahead (measured 1.7x on 2
+            cores). Map-style: the coming rows' pages are read in from disk ahead, up to
+            ``prefetch * READ_AHEAD_BYTES`` of them (at least one row), so the caller's copy into
+            the training batch never waits for the disk.
+
+    Raises:
+        TypeError: a column holds neither bf16 nor fp8 bits.
+    """
+    cols = list(columns) if columns is not None else None
+    tables = ds.with_format("arrow").iter(batch_size=batch_size)
+    mapped = isinstance(ds, datasets.Dataset)
+    if prefetch > 0 and not mapped:
+        tables = _read_ahead(tables, prefetch)
+    rows = _decoded_rows(tables, cols, populate=mapped and prefetch > 0, per_table=not mapped)
+    if prefetch > 0 and mapped:
+        rows = _read_ahead(rows, prefetch * READ_AHEAD_BYTES, cost=_state_bytes)
+    yield from rows
+
+
+def _decoded_rows(tables: Iterable[pa.Table], columns: list[str] | None, *, populate: bool,
+                  per_table: bool) -> Iterator[dict[str, Any]]:
+    """``per_table``: a fresh :class:`SafeViews` (a fresh read of the process's mappings) for each table, for
+    streaming, where file mappings can come and go between batches and an address can change hands."""
+    views: SafeViews | None = None
+    try:
+        for table in tables:
+            if views is None or per_table:
+                if views is not None:
+                    views.close()
+                views = SafeViews(populate=populate)
+            for i in range(table.num_rows):
+                yield decode_row(table, i, columns, views=views)
+    finally:
+        if views is not None:
+            views.close()
+
+
+def _state_bytes(row: dict[str, Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in row.values() if isinstance(v, torch.Tensor))
+
+
+_END = object()
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _read_ahead(items: Iterable[Any], depth: int, cost: Callable[[Any], int] | None = None) -> Iterator[Any]:
+    """Yield ``items``, produced ahead on a daemon thread; errors re-raise here.
+
+    At most ``depth`` items wait, or with ``cost``, items whose costs add up to at most ``depth``
+    (always at least one). When the consumer stops, the producer finishes its current item, closes
+    ``items`` (on its own thread) and exits; the consumer waits for that.
+    """
+    cond = threading.Condition()
+    waiting: collections.deque = collections.deque()
+    queued = [0]  # the cost of the waiting items
+    stop = threading.Event()
+
+    def put(item: Any, c: int) -> bool:
+        with cond:
+            while not stop.is_set() and waiting and queued[0] + c > depth:
+                cond.wait(0.1)
+            if stop.is_set():
+                return False
+            waiting.append((item, c))
+            queued[0] += c
+            cond.notify_all()
+            return True
+
+    def produce() -> None:
+        end: Any = _END
+        try:
+            for item in items:
+                if not put(item, cost(item) if cost else 1):
+                    return
+        except BaseException as e:  # handed to the consumer, raised there
+            end = _Failed(e)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+        put(end, 0)
+
+    thread = threading.Thread(target=produce, name="hs_dataset-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            with cond:
+                while not waiting:
+                    cond.wait()
+                item, c = waiting.popleft()
+                queued[0] -= c
+                cond.notify_all()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()  # the consumer stopped (or failed): the producer finishes its current item and exits
+        with cond:
+            cond.notify_all()
+        thread.join()  # a thread still inside pyarrow's reader at interpreter exit aborts the process

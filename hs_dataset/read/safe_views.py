@@ -1,0 +1,191 @@
+"""Tensors over dataset memory that are safe to write to: private copy-on-write mappings.
+
+``datasets`` (and :func:`hs_dataset.read.open_dataset`) memory-map the Arrow shards read-only,
+and PyTorch has no read-only tensors: an in-place op on a tensor viewing those pages is a
+segfault. :class:`SafeViews` hands out each large value instead as its own ``MAP_PRIVATE`` mapping
+of the same file bytes: reading it costs what reading the shard's mapping costs (the same
+page-cache pages), a write copies the 4 KiB page it touches into this process and never reaches
+the file, and the mapping with its copied pages goes away with the last tensor viewing it (as
+SpecForge's per-sample ``torch.load(mmap=True)`` behaves). A later read of the same row maps the
+file again, so it never sees an earlier in-place edit. Values under :data:`MIN_MAP_BYTES` are
+copied, which is cheaper than a mapping; memory that no file backs (a streaming dataset's batches,
+in-memory tables) is writable already and is viewed as it is.
+
+Which file and offset an address belongs to comes from ``/proc/self/maps``, read once per
+:class:`SafeViews` (a read keeps the mappings of the tables it reads alive). Linux only: elsewhere
+every value is copied.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import mmap
+import os
+import re
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["MIN_MAP_BYTES", "SafeViews", "libc_madvise"]
+
+MIN_MAP_BYTES = 1 << 20  # smaller values are copied: a copy of 1 MiB costs about what a mapping does
+_MADV_WILLNEED = 3
+_MADV_POPULATE_READ = 22  # Linux >= 5.14: fault the pages in (reading them from disk) without touching them
+_WILLNEED_CHUNK = 4 << 20  # the kernel reads at most max(read_ahead_kb, max_sectors_kb) per WILLNEED call
+_MAPS_LINE = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ ([0-9a-f]+) \S+ (\d+) +(/.*)$", re.M)
+_COPY = object()  # file-backed, but not mappable again (deleted, replaced, unreadable): copy
+
+_libc: Any = None
+
+
+def _load_libc() -> Any:
+    """libc with ``mmap``, ``munmap`` and ``madvise`` typed, or False off Linux (ctypes calls release the GIL)."""
+    global _libc
+    if _libc is None:
+        _libc = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.mmap.restype = ctypes.c_void_p
+                libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_int64]
+                libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+                libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                _libc = libc
+            except (OSError, AttributeError):
+                pass
+    return _libc
+
+
+def libc_madvise() -> Any:
+    """libc's ``madvise(addr, length, advice)`` (GIL released while it runs), or None off Linux."""
+    libc = _load_libc()
+    return libc.madvise if libc else None
+
+
+class _PrivateMapping:
+    """``MAP_PRIVATE`` read/write mapping of ``nbytes`` bytes of ``fd`` at ``offset``, seen by numpy as a
+    1-D ``dtype`` array (``np.asarray(m)``); unmapped when the last array or tensor viewing it is gone."""
+
+    def __init__(self, fd: int, offset: int, nbytes: int, dtype: np.dtype):
+        libc = _load_libc()
+        start = offset - offset % mmap.PAGESIZE
+        length = offset + nbytes - start
+        addr = libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, start)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), "mmap of a shard range failed")
+        self._addr, self._len, self._munmap = addr, length, libc.munmap
+        self.__array_interface__ = {"data": (addr + offset - start, False), "shape": (nbytes // dtype.itemsize,),
+                                    "typestr": dtype.str, "version": 3}
+
+    def populate(self) -> None:
+        """Read the pages in now (on this thread), so that the first access does not wait for the disk."""
+        madvise = _load_libc().madvise
+        if madvise(self._addr, self._len, _MADV_POPULATE_READ) == 0:
+            return
+        for a in range(self._addr, self._addr + self._len, _WILLNEED_CHUNK):  # Linux < 5.14: ask for read-ahead
+            madvise(a, min(_WILLNEED_CHUNK, self._addr + self._len - a), _MADV_WILLNEED)
+
+    def __del__(self) -> None:
+        if getattr(self, "_munmap", None) is not None:
+            self._munmap(self._addr, self._len)
+
+
+def _view(arr: np.ndarray) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # numpy flags Arrow memory read-only; this memory is writable
+        return torch.from_numpy(arr)
+
+
+class SafeViews:
+    """Makes tensors over Arrow memory that can be written to without touching any file (see the module).
+
+    Args:
+        populate: read each mapped value's pages in when it is made (on the calling thread; the
+            reader's read-ahead thread does this so the consumer never waits for the disk).
+    """
+
+    def __init__(self, populate: bool = False):
+        self.populate = populate
+        self._starts: list[int] = []
+        self._ranges: list[tuple[int, int, int, bytes]] = []  # (end, file offset at start, inode, path)
+        self._fds: dict[tuple[bytes, int], Any] = {}
+        self._linux = bool(_load_libc())
+        if self._linux:
+            try:
+                with open("/proc/self/maps", "rb") as f:
+                    text = f.read()
+            except OSError:
+                self._linux = False
+                return
+            for a, b, off, inode, path in _MAPS_LINE.findall(text):
+                self._starts.append(int(a, 16))
+                self._ranges.append((int(b, 16), int(off, 16), int(inode), path))
+
+    def _locate(self, addr: int, nbytes: int) -> Any:
+        """None (no file backs ``addr``), ``_COPY``, or ``(fd, file offset)``."""
+        if not self._linux:
+            return _COPY
+        k = bisect.bisect_right(self._starts, addr) - 1
+        if k < 0 or addr >= self._ranges[k][0]:
+            return None  # in no file mapping
+        if addr + nbytes > self._ranges[k][0]:
+            return _COPY  # runs past this mapping's line (a mapping split in two): a copy, never a bare view
+        end, file_off, inode, path = self._ranges[k]
+        fd = self._fds.get((path, inode))
+        if fd is None:
+            fd = self._fds[path, inode] = self._open(path, inode)
+        if fd is _COPY or file_off + addr - self._starts[k] + nbytes > os.fstat(fd).st_size:
+            return _COPY
+        return fd, file_off + addr - self._starts[k]
+
+    @staticmethod
+    def _open(path: bytes, inode: int) -> Any:
+        if path.endswith(b" (deleted)"):
+            return _COPY
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return _COPY
+        if os.fstat(fd).st_ino != inode:  # the path now names another file than the one mapped
+            os.close(fd)
+            return _COPY
+        return fd
+
+    def tensor(self, arr: np.ndarray) -> torch.Tensor:
+        """``arr`` (a zero-copy numpy view of Arrow memory) as a tensor safe to write to."""
+        if arr.nbytes == 0:
+            return torch.from_numpy(arr.copy())
+        where = self._locate(arr.__array_interface__["data"][0], arr.nbytes)
+        if where is None:
+            return _view(arr)
+        if where is not _COPY and arr.nbytes >= MIN_MAP_BYTES:
+            try:
+                m = _PrivateMapping(where[0], where[1], arr.nbytes, arr.dtype)
+            except OSError:  # e.g. vm.max_map_count reached: copy instead
+                pass
+            else:
+                if self.populate:
+                    m.populate()
+                return torch.from_numpy(np.asarray(m)).view(arr.shape)
+        return torch.from_numpy(arr.copy())
+
+    def close(self) -> None:
+        """Close the shard file descriptors (the mappings made stay valid)."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            if fd is not _COPY:
+                os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> "SafeViews":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,178 @@
+"""The ``datasets`` builder: one part's source rows -> prepare -> capture -> encode -> Arrow rows.
+
+``HiddenStatesBuilder`` is a real :class:`datasets.ArrowBasedBuilder`. Since datasets 4.0
+removed loading scripts, it is not loaded by name: ``hs-dataset build`` (:mod:`hs_dataset.write.driver`)
+runs ``download_and_prepare`` once per *part* (a fixed range of source rows, the unit of resume) and
+publishes plain Arrow shards that load with ``load_dataset(dir)``. It can also be used directly::
+
+    builder = HiddenStatesBuilder(config=HiddenStatesConfig(model=..., source=..., layers=(1, 2)))
+    builder.download_and_prepare("out_dir", file_format="arrow")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import datasets
+from datasets.builder import Key
+
+from hs_dataset.write.capture_stream import CaptureStream
+from hs_dataset.write.resolve import ResolvedBuild, resolve_build
+from hs_dataset.capture.backends import make_backend
+from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
+from hs_dataset.codec.encode import ARROW_MAX_ELEMENTS, bytes_per_token, encode_row, make_features, row_table
+from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.errors import ConfigError, NonFiniteError, SampleError
+from hs_dataset.layout import state_columns
+from hs_dataset.model_info import ModelInfo
+from hs_dataset.prepare.samples import tokenized_samples
+from hs_dataset.records import Counts, Reject, TokenizedSample
+
+__all__ = ["HiddenStatesBuilder", "HiddenStatesBuilderConfig", "writer_batch_rows"]
+
+
+@dataclass
+class HiddenStatesBuilderConfig(datasets.BuilderConfig):
+    """The ``datasets`` face of a build's configuration: ``datasets`` builders take a ``BuilderConfig``;
+    this one carries the :class:`~hs_dataset.config.HiddenStatesConfig` (which imports no ``datasets``)."""
+
+    build: HiddenStatesConfig | None = None
+
+
+def writer_batch_rows(config: HiddenStatesConfig, info: ModelInfo) -> int:
+    """Rows per Arrow record batch, sized by bytes (``writer_batch_bytes`` for samples of ``max_length``
+    tokens): memory stays bounded and Array2D's 32-bit offsets never overflow; at least 1, at most 1000."""
+    n_states = len(config.layers) + 1
+    row_bytes = config.max_length * bytes_per_token(n_states, info.hidden_size, config.storage_dtype)
+    by_bytes = config.writer_batch_bytes // max(row_bytes, 1)
+    by_offsets = ARROW_MAX_ELEMENTS // (config.max_length * info.hidden_size)
+    return max(1, min(by_bytes, by_offsets, 1000))
+
+
+class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
+    """Builds one row per sample: id, input_ids, loss_mask, num_tokens, one column per layer, final.
+
+    An ``ArrowBasedBuilder``: rows are handed to the writer as Arrow tables that wrap the captured
+    states without copying them (see :func:`row_table`).
+
+    Args:
+        config: the build configuration (or ``resolved``).
+        resolved: the configuration resolved already (:func:`~hs_dataset.write.resolve.resolve_build`):
+            the model is not read and the tokenizer not loaded again.
+        part: the source rows ``(start, stop)`` to build (default: the whole source, up to ``max_samples``).
+        backend: an already started capture backend to use (it is not closed); default: one is
+            started from the config and closed at the end of generation.
+        stream: a :class:`~hs_dataset.write.capture_stream.CaptureStream` serving this part (continuously
+            batching backends).
+        on_row: called after every written row with ``(num_tokens, payload_bytes)`` (progress).
+    """
+
+    BUILDER_CONFIG_CLASS = HiddenStatesBuilderConfig
+    config: HiddenStatesBuilderConfig
+
+    def __init__(self, *args: Any, config: HiddenStatesConfig | None = None, resolved: ResolvedBuild | None = None,
+                 part: tuple[int, int] | None = None, backend: CaptureBackend | None = None,
+                 on_row: Callable[[int, int], None] | None = None, stream: CaptureStream | None = None,
+                 **kwargs: Any):
+        if resolved is None and config is not None:
+            resolved = resolve_build(config, info=backend.info if backend is not None else None)
+        if resolved is not None:  # datasets >= 4 builders take their config's fields as keyword arguments
+            kwargs["build"] = resolved.config
+        self._resolved = resolved
+        self._part = part
+        self._backend = backend
+        self._on_row = on_row
+        self._stream = stream
+        self.counts = Counts()
+        self.rejects: list[Reject] = []
+        super().__init__(*args, **kwargs)  # calls _info()
+        self._writer_batch_size = writer_batch_rows(self.resolved.config, self.resolved.info)
+
+    @property
+    def resolved(self) -> ResolvedBuild:
+        """The build resolved (from ``self.config.build`` on first use when none was given)."""
+        if self._resolved is None:
+            if self.config.build is None:
+                raise ConfigError("HiddenStatesBuilder needs config=HiddenStatesConfig(...) (or resolved=...)")
+            self._resolved = resolve_build(self.config.build)
+        return self._resolved
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return self.resolved.layers
+
+    def _info(self) -> datasets.DatasetInfo:
+        r = self.resolved
+        return datasets.DatasetInfo(
+            description=f"Hidden states of {r.info.architecture} ({r.info.path}) for EAGLE-3 drafter training",
+            features=make_features(r.layers, r.info.hidden_size, r.storage_dtype,
+                                   messages=r.config.responses == "regenerate"),
+        )
+
+    def _split_generators(self, dl_manager: Any) -> list[datasets.SplitGenerator]:
+        start, stop = self._part if self._part is not None else (0, self.resolved.config.max_samples)
+        return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"start": start, "stop": stop})]
+
+    def _reject(self, r: Reject) -> None:
+        self.rejects.append(r)
+        self.counts.rejected += 1
+        self.counts.rejects_by_stage[r.stage] = self.counts.rejects_by_stage.get(r.stage, 0) + 1
+
+    def _items(self, backend: CaptureBackend, start: int, stop: int | None) -> Iterator[BackendItem]:
+        if self._stream is not None:
+            if stop is None:
+                raise ValueError("a CaptureStream serves parts with a known end")
+            for item in self._stream.take(start, stop):
+                self.counts.samples_in += 1
+                yield item
+            return
+
+        def counted() -> Iterator[TokenizedSample]:
+            def reject(_index: int, r: Reject) -> None:
+                self.counts.samples_in += 1
+                self._reject(r)
+
+            r = self.resolved
+            for _, sample in tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(start, stop)], reject,
+                                               generator=backend):
+                self.counts.samples_in += 1
+                yield sample
+
+        yield from start_capture(backend, counted(), self.resolved.storage_dtype)
+
+    def _generate_tables(self, start: int, stop: int | None) -> Iterator[tuple[Key, Any]]:
+        cfg = self.resolved.config
+        schema = self.info.features.arrow_schema
+        own = self._backend is None and self._stream is None
+        backend = self._backend or make_backend(cfg.backend, self.resolved.info, self.layers,
+                                                options=cfg.backend_options, trust_remote_code=cfg.trust_remote_code)
+        cols = state_columns(self.layers)
+        i = 0
+        try:
+            for item in self._items(backend, start, stop):
+                if isinstance(item, Reject):
+                    self._reject(item)
+                    continue
+                try:
+                    row = encode_row(item, cfg.storage_dtype)
+                except SampleError as e:
+                    if cfg.on_nonfinite == "fail" and e.field in cols:
+                        raise NonFiniteError(
+                            f"sample {item.sample.sample_id!r}, {e.field}: {e.reason}. The build stopped; run "
+                            "the same command with --set on_nonfinite=reject (--on-nonfinite reject) to write such "
+                            "samples to rejects.jsonl instead: it resumes this build") from None
+                    self._reject(Reject(item.sample.sample_id, e.field, e.reason, "encode"))
+                    continue
+                self.counts.written += 1
+                self.counts.tokens_written += item.sample.num_tokens
+                yield Key(0, i), row_table(row, schema)
+                i += 1
+                if self._on_row is not None:
+                    self._on_row(item.sample.num_tokens, item.states.numel() * item.states.element_size())
+        finally:
+            if own:
+                backend.close()
+        self.counts.check()
+
+

@@ -1,0 +1,58 @@
+"""One capture over many parts, consumed part by part, for engines that batch continuously (SGLang)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterator
+
+from hs_dataset.write.resolve import ResolvedBuild
+from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
+from hs_dataset.prepare.samples import tokenized_samples
+from hs_dataset.records import Reject, TokenizedSample
+
+__all__ = ["CaptureStream"]
+
+
+class CaptureStream:
+    """One ``backend.capture`` call over the source rows of several parts, consumed part by part.
+
+    With an engine that batches continuously (SGLang), building each part with its own
+    ``capture`` call drains the engine at every part boundary: the last rows of a part are written
+    while the GPU waits for the next part's first requests. A stream keeps the next part's rows in
+    flight instead. ``take(start, stop)`` yields one item per source row of ``[start, stop)``, in
+    row order: the backend's result, or a :class:`Reject` (from the source, tokenization or the backend).
+    """
+
+    def __init__(self, resolved: ResolvedBuild, backend: CaptureBackend, ranges: list[tuple[int, int]]):
+        self._order: deque[int] = deque()  # source row index of every submitted sample, in order
+        self._early_rejects: dict[int, Reject] = {}
+
+        def samples() -> Iterator[TokenizedSample]:
+            r = resolved
+            for index, sample in tokenized_samples(r.config, r.tokenizer, r.vocab_size, list(ranges),
+                                                   self._early_rejects.__setitem__, generator=backend):
+                self._order.append(index)
+                yield sample
+
+        self._it = start_capture(backend, samples(), resolved.storage_dtype)
+        self._next: tuple[int, BackendItem] | None = None
+
+    def take(self, start: int, stop: int) -> Iterator[BackendItem]:
+        while True:
+            if self._next is None:
+                item = next(self._it, None)  # tokenizes (and records rejects of) every row before it
+                if item is not None:
+                    self._next = (self._order.popleft(), item)
+            bound = stop if self._next is None else min(self._next[0], stop)
+            for idx in sorted(k for k in self._early_rejects if start <= k < bound):
+                yield self._early_rejects.pop(idx)
+            if self._next is None or self._next[0] >= stop:
+                return
+            item = self._next[1]
+            self._next = None
+            yield item
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)  # a generator's: ends the backend's capture call
+        if close is not None:
+            close()

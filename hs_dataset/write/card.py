@@ -1,0 +1,280 @@
+"""README.md rendering: the YAML front matter that makes plain ``load_dataset`` work, and the card.
+
+One renderer for both uses: :func:`render_readme` writes a build's README.md (front matter from
+:func:`readme_header` + the card of the local build); :func:`render_card` renders the card of a
+published version, keeping the front matter the build wrote byte for byte (its ``configs:`` block is
+what makes ``load_dataset(repo)`` find the shards, ``dataset_info:`` carries the features) and
+adding the publication history. The body comes from ``cards/dataset_card.md`` (a
+:class:`string.Template`) filled with provenance read from ``hs_dataset.json``.
+
+The history is also embedded as a JSON HTML comment (invisible on the Hub), so the next push can
+carry it forward: see :func:`parse_history`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hs_dataset.errors import MissingPathError
+from hs_dataset.layout import FINAL_COLUMN, layer_column, utf8_safe
+
+__all__ = ["checksums_section", "parse_history", "readme_header", "render_card", "render_readme", "split_readme"]
+
+TEMPLATE_ENV = "HS_DATASET_CARD_TEMPLATE"
+# cards/dataset_card.md in a checkout; the same file (a symlink, copied into wheels) when installed.
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "dataset_card.md"
+HISTORY_MARKER = "hs_dataset:publish_history"
+_HISTORY_RE = re.compile(r"<!--\s*" + re.escape(HISTORY_MARKER) + r"\s*(.*?)\s*-->", re.S)
+_YAML_HEADER_RE = re.compile(r"\A---[ \t]*\r?\n(.*?\r?\n)?---[ \t]*(?:\r?\n|\Z)", re.S)
+
+
+def split_readme(readme: str) -> tuple[str, str]:
+    """-> (yaml header including both ``---`` lines, or "", body)."""
+    match = _YAML_HEADER_RE.match(readme)
+    if not match:
+        return "", readme
+    return match.group(0), readme[match.end():]
+
+
+def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format: str) -> str:
+    """The README front matter that lets plain ``load_dataset(dir_or_repo)`` load the shards: ``configs:``,
+    and ``dataset_info:`` (features, split size) when ``metadata`` (a build's ``hs_dataset.json``)
+    names the model and layers."""
+    front: dict[str, Any] = {
+        "configs": [{"config_name": "default",
+                     "data_files": [{"split": "train", "path": f"data/train-*.{file_format}"}]}],
+    }
+    model = metadata.get("model") or {}
+    if "hidden_size" in model and "layers" in metadata:
+        import datasets  # deferred: only the front matter's schema needs datasets (and torch)
+
+        from hs_dataset.codec.encode import make_features  # deferred: only the front matter's schema needs datasets (and torch)
+
+        features = make_features(tuple(metadata["layers"]), int(model["hidden_size"]),
+                                 metadata.get("storage_dtype", "bfloat16"),
+                                 messages=(metadata.get("config") or {}).get("responses") == "regenerate")
+        info = datasets.DatasetInfo(features=features)
+        info.splits = datasets.SplitDict()
+        info.splits.add(datasets.SplitInfo(name="train", num_bytes=num_bytes, num_examples=num_examples))
+        front["dataset_info"] = info._to_yaml_dict()
+    front["tags"] = ["hidden-states", "eagle3", "speculative-decoding"]
+    return "---\n" + yaml.safe_dump(front, sort_keys=False) + "---\n"
+
+
+def render_readme(metadata: dict, output_dir: str) -> str:
+    """A finished build's README.md: front matter + the card of the local (unpublished) build."""
+    return render_card(metadata, {"local_dir": output_dir})  # no readme given: the header is made from metadata
+
+
+def parse_history(readme: str) -> list[dict]:
+    """Publication history embedded in a card rendered by :func:`render_card` ([] if none)."""
+    match = _HISTORY_RE.search(readme or "")
+    if not match:
+        return []
+    try:
+        data = json.loads(match.group(1))
+    except ValueError:
+        return []
+    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+
+
+def _cell(value: Any) -> str:
+    """A value safe inside a markdown table cell."""
+    if value is None or value == "":
+        return "n/a"
+    if isinstance(value, (list, tuple)):
+        value = ", ".join(str(v) for v in value)
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _code(value: Any) -> str:
+    """Text for inside a single-backtick span (backticks would end it)."""
+    return _cell(value).replace("`", "'")
+
+
+def human_bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "n/a"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(n)} bytes" if unit == "B" else f"{size:.2f} {unit} ({int(n)} bytes)"
+        size /= 1024
+    return str(n)
+
+
+def decode_snippet(storage_dtype: str, column: str) -> str:
+    """A copy-pasteable decoder for one hidden-state column."""
+    if storage_dtype == "bfloat16":
+        return (
+            "import numpy as np, torch\n"
+            f'bits = np.asarray(ds[0]["{column}"], dtype=np.uint16)  # [tokens, hidden] bfloat16 bit patterns\n'
+            "hidden = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)"
+        )
+    # fp8 e4m3 + a per-token scale: use the project's decoder
+    return (
+        "from hs_dataset.read import decode_row\n"
+        "row = decode_row(ds.with_format('arrow')[0])  # dict of torch tensors, states in bf16"
+    )
+
+
+def load_snippet(repo_id: str | None, version: str, local_dir: str | None) -> str:
+    """How to load this version (published) or this build (local)."""
+    if repo_id is None:
+        where = local_dir or "<build directory>"
+        return ("## Load this build\n\n```python\nfrom hs_dataset.read import open_dataset\n\n"
+                f'ds = open_dataset("{_code(where)}")  # memory-maps the shards in place\n```\n\n'
+                "Publish it as a version with `hs-dataset push DIR org/name --version v1.0`.")
+    return ("## Load a pinned version\n\n```python\nfrom datasets import load_dataset\n\n"
+            f'ds = load_dataset("{_code(repo_id)}", revision="{_code(version)}", split="train")\n'
+            "# or stream it, without downloading every shard first\n"
+            f'ds = load_dataset("{_code(repo_id)}", revision="{_code(version)}", split="train", streaming=True)\n```\n\n'
+            "Each published version is a git tag of this repository; `main` holds the newest version.\n"
+            "Pin a `revision` for training runs that must be reproducible.")
+
+
+def _responses(config: dict) -> str:
+    """How the assistant replies came about (the ``responses`` and ``generation`` fields)."""
+    if config.get("responses") != "regenerate":
+        return "from the source"
+    return "regenerated by the target model, generation `" + _code(json.dumps(config.get("generation") or {},
+                                                                              sort_keys=True)) + "`"
+
+
+def checksums_section(metadata: dict, repo_id: str | None, version: str) -> str:
+    """Every shard's rows, bytes and xxh3-128 (from ``hs_dataset.json``'s ``shards``), and how to verify."""
+    shards = metadata.get("shards")
+    if not isinstance(shards, list) or not shards:
+        return "n/a: this build records no shard checksums."
+    target = f"{_code(repo_id)} --revision {_code(version)}" if repo_id else "DIR"
+    rows = ["| shard | rows | bytes | xxh3-128 |", "|---|---|---|---|"]
+    rows += [f"| `{_code(s.get('name'))}` | {_cell(s.get('rows'))} | {_cell(s.get('bytes'))} | `{_code(s.get('xxh3_128'))}` |"
+             for s in shards if isinstance(s, dict)]
+    return (f"Each shard's rows, size and xxh3-128 content hash, as recorded when it was written (also in "
+            f"`hs_dataset.json`, under `shards`). Check a copy with `hs-dataset verify {target}`.\n\n"
+            f"<details><summary>{len(shards)} shards</summary>\n\n" + "\n".join(rows) + "\n\n</details>")
+
+
+def _history_table(history: list[dict], tags: dict[str, str], current_version: str) -> str:
+    rows = ["| version | commit | pushed (UTC) | notes |", "|---|---|---|---|"]
+    for entry in history:
+        version = entry.get("version", "?")
+        if version == current_version and entry is history[-1]:
+            commit = "this commit"
+        else:
+            commit = entry.get("commit") or tags.get(version) or "n/a"
+            commit = f"`{_code(commit)}`" if commit != "n/a" else commit
+        notes = []
+        if entry.get("force"):
+            prev = entry.get("previous_commit")
+            notes.append(f"force-pushed, replaced `{_code(prev)}`" if prev else "force-pushed")
+        if entry.get("note"):
+            notes.append(_cell(entry["note"]))
+        rows.append(f"| `{_code(version)}` | {commit} | {_cell(entry.get('pushed_at'))} | {'; '.join(notes) or ''} |")
+    return "\n".join(rows)
+
+
+def render_card(metadata: dict, extra: dict) -> str:
+    """Render the README.md published with a dataset version.
+
+    ``metadata``: the build's ``hs_dataset.json``.
+    ``extra`` (all optional): ``readme`` (the build's README.md text, whose YAML header is kept
+    verbatim), ``repo_id``, ``version``, ``pushed_at`` (ISO UTC), ``build_command`` (overrides
+    metadata's), ``history`` (list of ``{version, commit, pushed_at, force, previous_commit}``,
+    oldest first, the entry for this version last), ``tags`` ({tag: commit} for the table),
+    ``template`` (template text; default ``cards/dataset_card.md`` or ``$HS_DATASET_CARD_TEMPLATE``).
+    """
+    header, _ = split_readme(extra.get("readme") or "")
+    if not header:
+        counts = metadata.get("counts") or {}
+        header = readme_header(metadata, int(counts.get("written", 0)), int(metadata.get("bytes", 0)),
+                               (metadata.get("config") or {}).get("file_format", "arrow"))
+    if not header.endswith("\n"):
+        header += "\n"
+    template_text = extra.get("template")
+    if template_text is None:
+        template_path = Path(os.environ.get(TEMPLATE_ENV) or DEFAULT_TEMPLATE)
+        if not template_path.is_file():
+            raise MissingPathError(f"dataset card template not found at {template_path}; set ${TEMPLATE_ENV} or pass "
+                                   "extra['template']", path=str(template_path))
+        template_text = template_path.read_text(encoding="utf-8")
+
+    model = metadata.get("model") or {}
+    tokenizer = metadata.get("tokenizer") or {}
+    counts = metadata.get("counts") or {}
+    backend = metadata.get("backend") or {}
+    layers = metadata.get("layers") or []
+    columns = metadata.get("columns") or []
+    hidden_columns = [c for c in columns if "hidden" in str(c)] or [layer_column(k) for k in layers] + [FINAL_COLUMN]
+    storage_dtype = str(metadata.get("storage_dtype") or "bfloat16")
+    version = str(extra.get("version") or "unpublished")
+    repo_id = str(extra.get("repo_id") or extra.get("local_dir") or "local build")
+    history = list(extra.get("history") or [])
+    tags = dict(extra.get("tags") or {})
+    build_command = extra.get("build_command") or metadata.get("build_command") or "n/a"
+    build_command = str(build_command).replace("~~~~", "~ ~ ~ ~")
+
+    versions = backend.get("versions") or {}
+    versions_table = "\n".join(
+        ["| package | version |", "|---|---|"] + [f"| {_cell(k)} | `{_code(v)}` |" for k, v in sorted(versions.items())]
+    ) if versions else "n/a"
+    forced = [e for e in history if e.get("force")]
+    force_note = ""
+    if forced:
+        lines = ["", "**Force-pushed versions.** These tags were moved to new commits; the commits they pointed "
+                     "at before are listed so that earlier downloads can be identified:", ""]
+        for e in forced:
+            lines.append(f"- `{_code(e.get('version'))}` force-pushed at {_cell(e.get('pushed_at'))}, previous commit "
+                         f"`{_code(e.get('previous_commit'))}`")
+        force_note = "\n".join(lines) + "\n"
+
+    values = {
+        "title": _cell(extra.get("title") or f"{repo_id} ({version})"),
+        "load_section": load_snippet(extra.get("repo_id"), version, extra.get("local_dir")),
+        "repo_id": _code(repo_id),
+        "version": _code(version),
+        "model_path": _code(model.get("path")),
+        "model_revision": _code(model.get("revision")),
+        "architecture": _code(model.get("architecture")),
+        "hidden_size": _cell(model.get("hidden_size")),
+        "num_layers": _cell(model.get("num_layers")),
+        "layers": _cell(layers),
+        "layer_convention": _cell(metadata.get("layer_convention")),
+        "storage_dtype": _code(storage_dtype),
+        "stored_as": _cell(metadata.get("stored_as") or "uint16 bits"),
+        "hidden_columns": ", ".join(f"`{_code(c)}`" for c in hidden_columns) or "n/a",
+        "decode_snippet": decode_snippet(storage_dtype, hidden_columns[0] if hidden_columns else "hidden"),
+        "decode_helper": _code(metadata.get("decode")),
+        "tokenizer_path": _code(tokenizer.get("path")),
+        "tokenizer_class": _code(tokenizer.get("class")),
+        "token_offsets": _cell(tokenizer.get("token_offsets")),
+        "trust_remote_code": _cell({True: "yes", False: "no"}.get(bool(tokenizer["trust_remote_code"]))
+                                   if "trust_remote_code" in tokenizer else None),
+        "chat_template_sha256": _code(tokenizer.get("chat_template_sha256")),
+        "max_length": _cell(metadata.get("max_length")),
+        "responses": _responses(metadata.get("config") or {}),
+        "samples_in": _cell(counts.get("samples_in")),
+        "samples_written": _cell(counts.get("written")),
+        "samples_rejected": _cell(counts.get("rejected")),
+        "tokens_written": _cell(counts.get("tokens_written")),
+        "data_bytes": human_bytes(metadata.get("bytes")),
+        "backend_name": _cell(backend.get("name")),
+        "format_version": _cell(metadata.get("format_version")),
+        "versions_table": versions_table,
+        "columns": ", ".join(f"`{_code(c)}`" for c in columns) or "n/a",
+        "checksums": checksums_section(metadata, extra.get("repo_id"), version),
+        "build_command": build_command,
+        "history_table": _history_table(history, tags, version) if history else "n/a",
+        "force_note": force_note,
+    }
+    body = string.Template(template_text).safe_substitute(values)
+    history_json = json.dumps(history, sort_keys=True).replace("--", "\\u002d\\u002d")
+    return utf8_safe(f"{header}\n{body.rstrip()}\n\n<!-- {HISTORY_MARKER} {history_json} -->\n")
+

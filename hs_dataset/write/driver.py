@@ -1,0 +1,199 @@
+"""The build driver: :func:`build` runs the builder part by part into a resumable, loadable directory
+(the layout is in :mod:`hs_dataset.layout`, one part's generate and commit in
+:mod:`hs_dataset.write.parts`, the resume state in :mod:`hs_dataset.write.resume`, the final step
+in :mod:`hs_dataset.write.finalize`).
+
+A *part* is a fixed range of ``part_size`` source rows. Each part is built by
+``HiddenStatesBuilder.download_and_prepare`` into a staging folder; its finished shards are then
+moved into ``data/`` and only after that is the part's record written (atomically): the record
+is the commit point. A build killed at any moment (SIGKILL included) and run again with the
+same command ends with the same rows as an uninterrupted build:
+
+* each shard's size, rows and content hash are recorded with its part (:mod:`hs_dataset.integrity.checksums`)
+  and, for the finished build, in ``hs_dataset.json`` (``shards``);
+* on start it checks every part record: each listed shard must pass the quick check (size, first
+  and last MiB, rows) and not be marked damaged by a full ``hs-dataset verify``, else the part is
+  redone; files in ``data/`` that no valid record lists (a part killed between its moves and its
+  record, a stray copy) are deleted; staging folders (with datasets' ``.incomplete`` dirs) and
+  ``.tmp`` files of killed atomic writes are removed;
+* credentials in the configuration and the build command are redacted in everything written
+  (:mod:`hs_dataset.integrity.redact`);
+* ``hs_dataset.json`` is written last by the final step, so it exists only for a finished build;
+  a build that is about to change ``data/`` removes it (and README.md / rejects.jsonl) first, so
+  a half-built directory is never mistaken for a finished one (``hs-dataset push`` refuses it);
+* one build at a time per output directory (a lock in ``.hs_build/lock``, released by the kernel
+  when the process dies);
+* a full disk or an unwritable output raises :class:`OutputWriteError` naming the path and what to
+  do; backend and source errors are raised as themselves (not wrapped by ``datasets``); in every
+  case the unfinished part is discarded and a rerun resumes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+
+from hs_dataset.write.capture_stream import CaptureStream
+from hs_dataset.write.finalize import finalize
+from hs_dataset.write.output import check_output, lock_output, output_error
+from hs_dataset.write.parts import commit_part, generate_part
+from hs_dataset.write.progress import BuildProgress
+from hs_dataset.write.resolve import resolve_build
+from hs_dataset.write.resume import check_resume, check_shrink, invalidate_finished, part_ranges, part_record, recover
+from hs_dataset.write.shares import WorkerShare, begin_share, finish_share
+from hs_dataset.capture.backends import make_backend
+from hs_dataset.capture.base import CaptureBackend
+from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.errors import BuildInterrupted
+from hs_dataset.integrity.redact import record_redacted, redact, redact_command
+from hs_dataset.layout import DATA_DIR, STATE_DIR
+from hs_dataset.prepare.source_spec import rows_to_build, source_fingerprint
+from hs_dataset.records import Counts
+
+__all__ = ["BuildSummary", "build"]
+
+
+@dataclass
+class BuildSummary:
+    """What one run of :func:`build` did.
+
+    Attributes:
+        output_dir: the build directory.
+        counts: the whole build's samples in, written, rejected, tokens.
+        parts_built: parts built by this run; parts_skipped: parts found done.
+        bytes_written: the shards' bytes. seconds: this run's time.
+    """
+
+    output_dir: str
+    counts: Counts
+    parts_built: int
+    parts_skipped: int
+    bytes_written: int
+    seconds: float
+
+
+def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend: CaptureBackend | None = None,
+          progress: bool = True, build_command: str | None = None, allow_shrink: bool = False,
+          share: WorkerShare | None = None) -> BuildSummary:
+    """Build (or resume building) the dataset of ``config`` into ``output_dir``.
+
+    Args:
+        config: what to build.
+        output_dir: a new or empty directory, or a build of this configuration (it resumes).
+        backend: a started capture backend to use (not closed); default: one is started and closed.
+        progress: show progress (a bar on a terminal, a line per part in a log).
+        build_command: the command line, recorded (redacted) in ``hs_dataset.json`` and the card.
+        allow_shrink: a ``max_samples`` below the rows the directory holds deletes the rows beyond it
+            (refused otherwise).
+        share: only this worker's share of the parts, into a share build that
+            :func:`hs_dataset.scale.merge.merge_shares` joins with the others (use
+            :func:`hs_dataset.scale.worker.build_share`).
+
+    Raises:
+        ForeignFilesError: the output holds files hs_dataset did not write (nothing is touched).
+        ConfigMismatchError: the directory holds another configuration's build, or more rows than
+            ``max_samples``.
+        EmptyBuildError: every sample was rejected.
+        BuildInterrupted: Ctrl-C (a ``KeyboardInterrupt`` saying how many parts are done).
+        BuildLockedError: another build is writing it.
+        OutputWriteError: disk full, unwritable output.
+        BackendError: the backend died or hangs (:class:`~hs_dataset.errors.NonFiniteError` for NaN/Inf
+            with ``on_nonfinite="fail"``).
+
+    After any of them, or a kill, running the same build again resumes it.
+    """
+    out = Path(output_dir)
+    try:
+        return _build(config, out, backend, progress, build_command, allow_shrink, share)
+    except OSError as e:
+        err = output_error(e, out)
+        if err is None or err is e:
+            raise
+        raise err from e
+
+
+def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None, progress: bool,
+           build_command: str | None, allow_shrink: bool, share: WorkerShare | None) -> BuildSummary:
+    t0 = time.time()
+    state = out / STATE_DIR
+    check_output(out, config.source)  # an output that is not ours is refused before anything is touched
+    (state / "parts").mkdir(parents=True, exist_ok=True)
+    (out / DATA_DIR).mkdir(exist_ok=True)
+    lock = lock_output(out, state)
+    parts: list[tuple[int, int, int]] = []
+    try:
+        _, secrets = redact(config.to_dict())
+        if build_command is not None:
+            build_command, more = redact_command(build_command)
+            secrets += more
+        resolved = resolve_build(config, info=backend.info if backend is not None else None)
+        info, layers = resolved.info, resolved.layers
+        key = dict(config.content_key(), source_fingerprint=source_fingerprint(config.source),
+                   hidden_size=info.hidden_size, num_layers=info.num_layers)
+        check_resume(state, key)
+        record_redacted(state, secrets)  # salted digests only: push scans its uploads for them
+
+        n = rows_to_build(config.source, config.max_samples)
+        ext = config.file_format
+        parts = part_ranges(n, config.part_size)
+        check_shrink(out, state, n, allow_shrink)  # before recover, which would drop the rows beyond n
+        if share is not None:  # one worker's share of the parts (hs_dataset.scale)
+            parts = begin_share(state, share, parts, n, config, info, layers, build_command)
+        done = recover(out, state, parts)
+        todo = [p for p in parts if p[0] not in done]
+        bar = BuildProgress(sum(p[2] - p[1] for p in parts), sum(p[2] - p[1] for p in parts if p[0] in done), progress,
+                            parts_total=len(parts), parts_done=len(done))
+        own_backend = False
+        built = 0
+        datasets.disable_progress_bars()
+        committer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hs_dataset-commit")
+        committing: cf.Future | None = None
+        stream: CaptureStream | None = None
+        try:
+            for i, start, stop in todo:
+                if backend is None:
+                    backend = make_backend(config.backend, info, layers, options=config.backend_options,
+                                           trust_remote_code=config.trust_remote_code)
+                    own_backend = True
+                if stream is None and getattr(backend, "continuous", False):
+                    # one capture over all remaining parts: the engine never drains at a part boundary
+                    stream = CaptureStream(resolved, backend, [(s, e) for _, s, e in todo])
+                if i == todo[0][0]:
+                    invalidate_finished(out, state)  # data/ is about to change
+                generated = generate_part(resolved, out, state, i, start, stop, backend, bar, stream)
+                if committing is not None:  # at most one part committing while the next one is captured
+                    committing.result()
+                    built += 1
+                    bar.part_done()
+                committing = committer.submit(commit_part, out, state, generated, ext)
+            if committing is not None:
+                committing.result()
+                built += 1
+                bar.part_done()
+                committing = None
+        finally:
+            if stream is not None:
+                stream.close()
+            committer.shutdown(wait=True)  # a part being committed finishes (or is discarded) before we return
+            shutil.rmtree(state / "staging", ignore_errors=True)
+            bar.close()
+            if own_backend and backend is not None:
+                backend.close()
+        if share is None:
+            counts = finalize(resolved, out, state, parts, backend if built else None, build_command)
+        else:
+            counts = finish_share(state, parts)  # hs_dataset.scale.merge finalizes the merged build
+        shutil.rmtree(state / "staging", ignore_errors=True)
+        shutil.rmtree(state / "cache", ignore_errors=True)  # datasets' per-part lock files
+        nbytes = sum(f.stat().st_size for f in (out / DATA_DIR).glob(f"*.{ext}"))
+        return BuildSummary(str(out), counts, built, len(done), nbytes, time.time() - t0)
+    except KeyboardInterrupt:  # after the committer finished: the parts recorded now are kept
+        raise BuildInterrupted(sum(part_record(state, i).exists() for i, _, _ in parts), len(parts)) from None
+    finally:
+        os.close(lock)

@@ -1,0 +1,133 @@
+"""One part of a build: generated into its staging folder, then committed into ``data/``.
+
+:func:`generate_part` runs the builder's ``download_and_prepare`` for the part's rows into
+``.hs_build/staging/part-PPPPP`` (the main thread's work); :func:`commit_part` fsyncs its shards,
+moves them into ``data/`` and then writes the part's record, the commit point (on a committer
+thread, while the next part is captured). A part that fails or is killed before its record leaves
+no shard visible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+
+from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
+from hs_dataset.write.builder import HiddenStatesBuilder
+from hs_dataset.write.capture_stream import CaptureStream
+from hs_dataset.write.progress import BuildProgress
+from hs_dataset.write.resolve import ResolvedBuild
+from hs_dataset.write.resume import part_files, part_record
+from hs_dataset.capture.base import CaptureBackend
+from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.integrity.checksums import shard_entry
+from hs_dataset.layout import DATA_DIR, shard_name
+from hs_dataset.records import Counts
+
+__all__ = ['GeneratedPart', 'commit_part', 'generate_part']
+
+
+def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesConfig) -> None:
+    """``download_and_prepare`` into ``staging``; an error is raised as itself, not wrapped by datasets."""
+    err: BaseException | None = None
+    try:
+        builder.download_and_prepare(str(staging), file_format=config.file_format,
+                                     max_shard_size=config.max_shard_bytes,
+                                     download_mode=datasets.DownloadMode.FORCE_REDOWNLOAD)
+    except datasets.exceptions.DatasetGenerationError as e:
+        if not isinstance(e.__cause__, Exception):
+            raise
+        err = e.__cause__  # e.g. BackendError, NonFiniteError, OSError(ENOSPC), a source error
+    if err is not None:
+        raise err
+
+
+@dataclass
+class GeneratedPart:
+    """A part whose shards are written and closed in its staging folder, not yet committed."""
+
+    i: int
+    start: int
+    stop: int
+    staging: Path
+    counts: Counts
+    rejects: list[dict]
+    backend_versions: dict[str, str]
+
+
+def _staging(state: Path, i: int) -> Path:
+    return state / "staging" / f"part-{i:05d}"
+
+
+def _clear_staging(state: Path, i: int) -> None:
+    # datasets keeps a killed run's shards in '<staging>.incomplete' and reuses that folder
+    for d in (state / "staging").glob(f"part-{i:05d}*"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _discard_part(out: Path, state: Path, i: int, ext: str) -> None:
+    """Remove what an unrecorded part left: no shard of an unrecorded part stays visible."""
+    if not part_record(state, i).exists():
+        try:
+            for f in part_files(out, i, ext):
+                f.unlink()
+        except OSError:
+            pass  # the next build removes them
+    _clear_staging(state, i)
+
+
+def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start: int, stop: int,
+                  backend: CaptureBackend, bar: BuildProgress, stream: CaptureStream | None) -> GeneratedPart:
+    """Capture and write part ``i`` (source rows ``[start, stop)``) into its staging folder (the main thread's work)."""
+    config = resolved.config
+    staging = _staging(state, i)
+    try:
+        for f in part_files(out, i, config.file_format):  # whole shards of a part that was not recorded: redo it
+            f.unlink()
+        _clear_staging(state, i)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        builder = HiddenStatesBuilder(resolved=resolved, part=(start, stop), backend=backend, on_row=bar.row,
+                                      stream=stream, cache_dir=str(state / "cache"))
+        _generate(builder, staging, config)
+        counts = builder.counts
+        if counts.samples_in != stop - start:
+            raise RuntimeError(f"part {i}: read {counts.samples_in} source rows, expected {stop - start}")
+    except BaseException:
+        _discard_part(out, state, i, config.file_format)
+        raise
+    return GeneratedPart(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions())
+
+
+def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
+    """fsync the part's shards, move them into data/, then write its record (the commit point).
+
+    Runs on a committer thread while the next part is captured: the fsync (seconds per GB) then
+    costs no capture time. Only a recorded part counts; a kill before the record redoes the part.
+    """
+    record_path = part_record(state, g.i)
+    try:
+        shards = sorted(glob.glob(str(g.staging / f"*-train*.{ext}")))
+        files = []
+        for k, src in enumerate(shards):  # size, rows and content hash, read back while in the page cache
+            files.append(dict(shard_entry(src), name=shard_name(g.i, k, ext)))
+            fsync_file(Path(src))  # on disk before the record can point at it
+        if sum(f["rows"] for f in files) != g.counts.written:
+            raise RuntimeError(f"part {g.i}: its shards hold {sum(f['rows'] for f in files)} rows, "
+                               f"{g.counts.written} were written; this is a bug in hs_dataset")
+        for src, f in zip(shards, files):
+            os.replace(src, out / DATA_DIR / f["name"])
+        fsync_dir(out / DATA_DIR)
+        record = {"part": g.i, "start": g.start, "stop": g.stop, "files": files,
+                  "counts": dataclasses.asdict(g.counts), "rejects": g.rejects, "backend_versions": g.backend_versions}
+        atomic_write(record_path, json.dumps(record))  # the commit point of this part
+    except BaseException:
+        _discard_part(out, state, g.i, ext)
+        raise
+    _clear_staging(state, g.i)

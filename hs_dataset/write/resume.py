@@ -1,0 +1,210 @@
+"""The crash-safe state of a build: part records, recovery after a kill, and the resume checks.
+
+A *part* is a fixed range of ``part_size`` source rows. A part's record
+(``.hs_build/parts/part-PPPPP.json``, written atomically after its shards are in ``data/``) is the
+commit point of the part; it lists each shard with its size, rows and content hash
+(:mod:`hs_dataset.integrity.checksums`). :func:`recover` runs when a build starts: it keeps exactly
+the parts whose record reads, matches the plan, whose listed shards all pass the quick check (size,
+first and last MiB, row count) and that no full verification marked damaged; everything else
+(shard files no kept record lists, staging folders, ``.tmp`` files of killed atomic writes) is
+removed, so a rerun of the same command ends with the rows of an uninterrupted build.
+
+Recovery deletes only what a build writes: shard files named ``train-PPPPP-SSS.<format>`` in
+``data/``, the ``.tmp`` files of its own atomic writes, and its own ``.hs_build/`` state; any other
+entry of ``data/`` is refused (:func:`hs_dataset.write.output.check_output` has refused foreign
+outputs before).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from hs_dataset.atomic import atomic_write, fsync_dir
+from hs_dataset.write.output import OUT_FILES, foreign, ours_tmp
+from hs_dataset.errors import ConfigMismatchError, ForeignFilesError
+from hs_dataset.integrity.checksums import check_shard
+from hs_dataset.integrity.damage import damaged_parts
+from hs_dataset.integrity.redact import redact_text
+from hs_dataset.layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
+
+__all__ = ["RESUMABLE_CHANGES", "check_resume", "check_shrink", "invalidate_finished", "part_files",
+           "part_ranges", "part_record", "recover"]
+
+logger = logging.getLogger(__name__)
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+def part_record(state: Path, i: int) -> Path:
+    return state / "parts" / f"part-{i:05d}.json"
+
+
+def part_files(out: Path, i: int, ext: str) -> list[Path]:
+    return sorted((out / DATA_DIR).glob(f"train-{i:05d}-*.{ext}"))
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    """A part record, or None when it is unreadable (it is then redone)."""
+    try:
+        r = json.loads(path.read_text(encoding="utf-8"))
+        if not (isinstance(r, dict) and path.name == f"part-{int(r['part']):05d}.json"
+                and isinstance(r["files"], list) and isinstance(r["counts"], dict)):
+            return None
+        for f in r["files"]:
+            if not (isinstance(f, dict) and SHARD_RE.match(str(f["name"])) and int(f["bytes"]) >= 0):
+                return None
+        return r
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _invalid(r: dict[str, Any] | None, plan: dict[int, tuple[int, int]], data: Path, damaged: dict[int, str]) -> str | None:
+    """Why a part record cannot be trusted (None: it can). ``plan``: part -> (start, stop)."""
+    if r is None:
+        return "its record is unreadable"
+    if (r["start"], r["stop"]) != plan[r["part"]]:
+        return "its row range changed"
+    if r["part"] in damaged:
+        return f"a full verification found it damaged ({damaged[r['part']]})"
+    for f in r["files"]:
+        why = check_shard(data / f["name"], f, quick=True)
+        if why is not None:
+            return f"its shard {data / f['name']} {why}"
+    rows = sum(int(f.get("rows", -1)) for f in r["files"])
+    if rows != int(r["counts"].get("written", -1)):
+        return f"its shards hold {rows} rows, its record counts {r['counts'].get('written')} written"
+    return None
+
+
+
+
+def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[int]:
+    """Bring the output directory back to a consistent state after any interruption.
+
+    ``parts`` (index, start, stop) are the parts this build makes: all of the source's, or a shard's
+    subset of them (:mod:`hs_dataset.scale.worker`); a record of any other part is dropped.
+    Returns the parts whose record is valid: the record reads, its row range matches the current
+    plan, every shard it lists passes the quick check (:func:`hs_dataset.integrity.checksums.check_shard`:
+    size, first and last MiB, rows) and no full verification marked the part damaged. Every other
+    record is removed (its part is redone), and so is every file in ``data/`` that no valid record
+    lists and that bears a shard's name (a part killed between moving its shards and writing its
+    record, a copy named like a shard) is removed; :func:`check_output` has refused any other entry
+    before. Staging folders and the ``.tmp`` files of interrupted atomic writes are removed.
+    """
+    shutil.rmtree(state / "staging", ignore_errors=True)
+    data = out / DATA_DIR
+    for folder, names in ((out, OUT_FILES), (state, None), (state / "parts", None), (data, ())):
+        for f in folder.iterdir():
+            if ours_tmp(names, f.name) and f.is_file() and not f.is_symlink():
+                f.unlink()
+    done: set[int] = set()
+    keep: set[str] = set()
+    damaged = damaged_parts(state)
+    plan = {i: (start, stop) for i, start, stop in parts}
+    for rec in sorted((state / "parts").glob("part-*.json")):
+        r = _read_record(rec)
+        if r is not None and r["part"] not in plan:
+            rec.unlink()  # not a part of this build (max_samples shrank): dropped; its shards go below
+            continue
+        why = _invalid(r, plan, data, damaged)
+        if why is not None or r is None:
+            logger.warning("hs_dataset: redoing %s: %s", rec.stem, why)
+            rec.unlink()
+            continue
+        done.add(r["part"])
+        keep.update(f["name"] for f in r["files"])
+    fsync_dir(state / "parts")
+    (state / DAMAGED_FILE).unlink(missing_ok=True)  # its parts' records are gone: they are redone
+    for f in sorted(data.iterdir()):
+        if f.name in keep:
+            continue
+        if not SHARD_RE.match(f.name) or f.is_symlink() or not f.is_file():
+            raise ForeignFilesError(f"{foreign(f)} was not written by hs_dataset: move it out of {data}/, then run "
+                                    "the same command again")
+        logger.warning("hs_dataset: removing %s: no part record lists it", f)
+        f.unlink()  # e.g. a part killed between moving its shards and writing its record
+    fsync_dir(data)
+    return done
+
+
+
+
+def invalidate_finished(out: Path, state: Path) -> None:
+    """Before ``data/`` changes, remove the files that mark a finished build (hs_dataset.json first).
+
+    The old metadata is kept in ``.hs_build/meta.json`` (its build command and versions are reused).
+    """
+    meta = out / META_FILE
+    if meta.exists():
+        atomic_write(state / META_FILE, meta.read_text(encoding="utf-8"))
+    for name in (META_FILE, README_FILE, REJECTS_FILE):
+        (out / name).unlink(missing_ok=True)
+    fsync_dir(out)
+
+
+
+
+
+
+# Content fields that may still change on resume, (from, to): rows already written stay right.
+# on_nonfinite fail -> reject: a part written under "fail" holds no non-finite state (it would have
+# stopped the build), so it is what "reject" would have written.
+RESUMABLE_CHANGES: dict[str, set[tuple[Any, Any]]] = {"on_nonfinite": {("fail", "reject")}}
+
+
+def check_resume(state: Path, key: dict[str, Any]) -> None:
+    """Refuse to resume a build whose content key (``build.json``) differs from ``key``, except for
+    the changes in :data:`RESUMABLE_CHANGES`, which are recorded and allowed."""
+    path = state / "build.json"
+    if not path.exists():
+        atomic_write(path, json.dumps(key, indent=1, sort_keys=True))
+        return
+    old = json.loads(path.read_text())
+    if old != key:
+        diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
+        if all((old.get(k), key.get(k)) in RESUMABLE_CHANGES.get(k, ()) for k in diff):
+            logger.warning("hs_dataset: resuming %s with %s", state.parent,
+                           ", ".join(f"{k} {old.get(k)!r} -> {key.get(k)!r}" for k in diff))
+            atomic_write(path, json.dumps(key, indent=1, sort_keys=True))
+            return
+        details = redact_text("; ".join(f"{k}: {old.get(k)!r} -> {key.get(k)!r}" for k in diff))[0]
+        raise ConfigMismatchError(
+            f"{state.parent} holds a build made with another configuration ({details}). Refusing to mix "
+            "rows: use a new --output directory, or delete this one to start over.")
+
+
+def part_ranges(rows: int, part_size: int) -> list[tuple[int, int, int]]:
+    """The parts of a build of ``rows`` source rows: ``(index, first row, end row)``, ``part_size`` rows each
+    (the last one shorter): the unit of resume, of a shard's share and of the plan."""
+    return [(i, s, min(s + part_size, rows)) for i, s in enumerate(range(0, rows, part_size))]
+
+
+def check_shrink(out: Path, state: Path, rows: int, allow: bool) -> None:
+    """Refuse a build of ``rows`` source rows where the directory holds rows beyond them (``max_samples``
+    lowered): :func:`recover` would delete those parts. ``allow`` lets it (the rows beyond go).
+
+    Raises:
+        ConfigMismatchError: a part record ends after ``rows`` and ``allow`` is False.
+    """
+    if allow:
+        return
+    ends = [int(r["stop"]) for r in map(_read_record, sorted((state / "parts").glob("part-*.json"))) if r is not None]
+    if ends and max(ends) > rows:
+        raise ConfigMismatchError(
+            f"{out} holds {max(ends)} source rows, this build {rows} (max_samples lowered?): refusing to delete the "
+            f"rows beyond {rows}. Raise max_samples back, use a new --output, or pass --allow-shrink to delete them.")

@@ -1,0 +1,175 @@
+"""Nothing wrong is served or published (issue 12): a shard with a flipped bit, a zeroed block, cut
+short, deleted or duplicated in a finished build is named by ``hs-dataset verify``, refused by
+``push`` and (missing / extra) by the readers, and the next build repairs it to the rows of an
+uninterrupted build. A published version is verified after download, or from the Hub's listing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+
+from hs_dataset.write.driver import build
+from hs_dataset.errors import IntegrityError
+from hs_dataset.hub.publish import push_dataset
+from hs_dataset.integrity.verify import verify_build, verify_repo
+from hs_dataset.layout import DAMAGED_FILE, STATE_DIR
+from hs_dataset.read.open import load_verified, open_dataset
+from tests.fakehub.server import running_hub
+from tests.fakehub.tools import client_subprocess_env, hub_client_env
+from tests.fixtures.builds import config, content_hash
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = "org/verified-hs"
+TOKEN = "hf_IntegrityTestToken0123456789ABCDEFGH"
+SHARD = "train-00002-000.arrow"  # the shard every fault damages (part 2)
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_model, backend, tmp_path_factory):
+    """An uninterrupted build and its content hash."""
+    out = tmp_path_factory.mktemp("integrity") / "ref"
+    build(config(tiny_model), out, backend=backend, progress=False, build_command="hs-dataset build demo -o ref")
+    return out, content_hash(out)
+
+
+def damage(out: Path, fault: str) -> str:
+    """Damage ``out``'s data/ as a careless user or a failing disk would; returns the file to name."""
+    p = out / "data" / SHARD
+    size = p.stat().st_size
+    if fault == "flip":
+        with open(p, "r+b") as f:
+            f.seek(size // 2)
+            b = f.read(1)
+            f.seek(size // 2)
+            f.write(bytes([b[0] ^ 0x10]))
+    elif fault == "zero":
+        with open(p, "r+b") as f:
+            f.seek(size // 3)
+            f.write(b"\0" * 4096)
+    elif fault == "truncate":
+        with open(p, "r+b") as f:
+            f.truncate(size - 1000)
+    elif fault == "delete":
+        p.unlink()
+    elif fault == "duplicate":
+        copy = out / "data" / "train-00002-001.arrow"  # looks like a second shard of part 2: readers load it
+        shutil.copy(p, copy)
+        return copy.name
+    return SHARD
+
+
+FAULTS = ["flip", "zero", "truncate", "delete", "duplicate"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_damaged_shard_is_named_refused_and_repaired(finished, tiny_model, backend, tmp_path, fault):
+    ref, ref_hash = finished
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    named = damage(out, fault)
+
+    report = verify_build(out)
+    assert not report.ok and [p.path for p in report.problems] == [f"data/{named}"], report.message()
+    msg = report.message()
+    assert named in msg and "hs-dataset build demo -o ref" in msg  # the shard, and the command that repairs it
+    if fault == "duplicate":
+        assert report.parts == [] and "not listed" in msg
+    else:
+        assert report.parts == [2] and "part(s) [2]" in msg
+
+    with running_hub(tmp_path) as hub, hub_client_env(hub, tmp_path / "home", token=TOKEN):
+        before = hub.dump_state()
+        with pytest.raises(IntegrityError) as e:
+            push_dataset(out, REPO, "v1.0")
+        assert named in str(e.value) and "refusing to push" in str(e.value) and "build" in str(e.value)
+        assert hub.dump_state() == before  # refused before anything was sent
+
+    if fault in ("delete", "duplicate", "truncate"):  # the readers see the count (or size) is off
+        with pytest.raises(IntegrityError, match=named.replace(".", r"\.")):
+            open_dataset(out)
+        with pytest.raises(IntegrityError, match=named.replace(".", r"\.")):
+            load_verified(out, streaming=True)
+
+    s = build(config(tiny_model), out, backend=backend, progress=False)
+    assert (s.parts_built, s.parts_skipped) == ((0, 6) if fault == "duplicate" else (1, 5))
+    assert verify_build(out).ok
+    assert not (out / STATE_DIR / DAMAGED_FILE).exists()
+    assert content_hash(out) == ref_hash
+
+
+def test_a_flip_beyond_the_quick_check_is_marked_by_verify_and_then_rebuilt(tiny_model, backend, tmp_path):
+    """A resumed build checks 2 MiB of each shard; a bit flipped in the middle of a larger shard is
+    found by the full check (verify, push), which marks the part: the next build rebuilds it."""
+    cfg = config(tiny_model, part_size=48, max_samples=64)
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    build(cfg, ref, backend=backend, progress=False)
+    build(cfg, out, backend=backend, progress=False)
+    shard = out / "data" / "train-00000-000.arrow"
+    size = shard.stat().st_size
+    assert size > 3 * 2**20  # the middle is beyond the first and last MiB
+    with open(shard, "r+b") as f:
+        f.seek(size // 2)
+        b = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([b[0] ^ 1]))
+    assert verify_build(out, quick=True).ok  # the documented blind spot of the quick check
+    assert build(cfg, out, backend=backend, progress=False).parts_built == 0
+
+    r = subprocess.run([sys.executable, "-m", "hs_dataset.cli", "verify", str(out)], capture_output=True, text=True)
+    assert r.returncode == 1 and "train-00000-000.arrow" in r.stdout and "content hash" in r.stdout, r.stdout + r.stderr
+    assert "part(s) [0]" in r.stdout
+    assert json.loads((out / STATE_DIR / DAMAGED_FILE).read_text()).keys() == {"0"}
+    s = build(cfg, out, backend=backend, progress=False)
+    assert (s.parts_built, s.parts_skipped) == (1, 1)
+    assert verify_build(out).ok and content_hash(out) == content_hash(ref)
+    r = subprocess.run([sys.executable, "-m", "hs_dataset.cli", "verify", str(out), "--quick"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "all match" in r.stdout
+
+
+def test_a_published_version_is_verified_after_download(finished, tmp_path):
+    ref, _ = finished
+    with running_hub(tmp_path) as hub, hub_client_env(hub, tmp_path / "home", token=TOKEN):
+        push_dataset(ref, REPO, "v1.0")
+        meta = json.loads((ref / "hs_dataset.json").read_text())
+        card = hub.read_file("dataset", REPO, "README.md", "v1.0").decode()
+        for s in meta["shards"]:  # the card carries every shard's hash too
+            assert s["xxh3_128"] in card and s["name"] in card
+        assert f"hs-dataset verify {REPO} --revision v1.0" in card
+
+        env = client_subprocess_env(hub, tmp_path / "subhome", token=TOKEN)
+        env["PYTHONPATH"] = str(ROOT)
+        cli = [sys.executable, "-m", "hs_dataset.cli", "verify", REPO, "--revision", "v1.0"]
+        r = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0 and "6 shards, 24 rows: all match" in r.stdout, r.stdout + r.stderr
+
+        # versions whose files differ from their hs_dataset.json: a shard changed, one missing, one extra
+        api = HfApi()
+        data = bytearray((ref / "data" / SHARD).read_bytes())
+        data[len(data) // 2] ^= 0x40
+        for branch, ops in {
+            "changed": [CommitOperationAdd(f"data/{SHARD}", bytes(data))],
+            "missing": [CommitOperationDelete(f"data/{SHARD}")],
+            "extra": [CommitOperationAdd("data/train-00002-001.arrow", str(ref / "data" / SHARD))],
+        }.items():
+            api.create_branch(REPO, repo_type="dataset", branch=branch, revision="v1.0")
+            api.create_commit(REPO, ops, repo_type="dataset", revision=branch, commit_message=branch)
+            report = verify_repo(REPO, revision=branch, local_dir=tmp_path / f"dl-{branch}")
+            assert not report.ok and len(report.problems) == 1, report.message()
+            assert ("train-00002-001.arrow" if branch == "extra" else SHARD) in report.message()
+            quick = verify_repo(REPO, revision=branch, quick=True)  # the Hub's listing: names and sizes
+            assert quick.ok == (branch == "changed")
+            if branch != "changed":
+                for streaming in (True, False):
+                    with pytest.raises(IntegrityError, match="train-00002"):
+                        load_verified(REPO, revision=branch, streaming=streaming)
+        r = subprocess.run(cli[:-1] + ["changed"], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 1 and "content hash" in r.stdout and SHARD in r.stdout
+        good = load_verified(REPO, revision="v1.0", streaming=True)
+        assert sum(1 for _ in good) == 24

@@ -1,0 +1,148 @@
+"""Regenerate (responses=regenerate): the target's own replies and their states in one build (CPU,
+transformers backend, the tiny demo model)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hs_dataset.write.driver import build
+from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.errors import ConfigError, EmptyBuildError
+from hs_dataset.prepare.conversations import parse_row
+from hs_dataset.prepare.sources import iter_source
+from hs_dataset.read.iterate import iter_torch
+from hs_dataset.read.open import open_dataset
+from tests.fixtures.builds import DEMO, LAYERS, content_hash
+
+GEN = {"max_new_tokens": 12, "on_length": "keep"}
+
+
+def regen_config(model: str, **kw) -> HiddenStatesConfig:
+    base = dict(model=model, layers=LAYERS, source=str(DEMO), max_length=256, part_size=4, max_samples=8,
+                responses="regenerate", generation=dict(GEN), backend_options={"device": "cpu", "batch_tokens": 2048})
+    base.update(kw)
+    return HiddenStatesConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def regen_build(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("regen") / "out"
+    s = build(regen_config(tiny_model), out, progress=False)
+    assert s.counts.written == 8 and s.counts.rejected == 0
+    return out
+
+
+def test_replies_are_the_targets_own_greedy_continuation(tiny_model, regen_build):
+    """Checked independently: HF's own chat template + ``generate`` on the stored conversation prefixes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    lm = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).eval()
+    stop = [tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id]
+    source = [parse_row(r) for r in iter_source(str(DEMO), stop=8)]  # the source stage's own reading
+    turns = 0
+    for row, src in zip(iter_torch(open_dataset(regen_build)), source):
+        msgs = json.loads(row["messages"])
+        assert row["id"] == src.sample_id and [m["role"] for m in msgs] == [m.role for m in src.messages]
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                assert m["content"] == src.messages[i].content  # system and user turns from the source
+                continue
+            prompt = tok.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=True)
+            ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            with torch.inference_mode():
+                gen = lm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=GEN["max_new_tokens"],
+                                  do_sample=False, eos_token_id=stop, pad_token_id=stop[0])[0, ids.shape[1]:].tolist()
+            if gen and gen[-1] in stop:
+                gen = gen[:-1]
+            assert m["content"] == tok.decode(gen, skip_special_tokens=False), (row["id"], i)
+            assert m["content"] != src.messages[i].content  # really regenerated
+            turns += 1
+    assert turns >= 8
+
+
+def test_the_mask_covers_exactly_the_regenerated_replies_and_the_states_are_theirs(tiny_model, regen_build):
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModel.from_pretrained(tiny_model, dtype=torch.bfloat16).eval()
+    for row in iter_torch(open_dataset(regen_build)):
+        msgs = json.loads(row["messages"])
+        ids = row["input_ids"].long()
+        want = "".join(m["content"] + "<|im_end|>\n" for m in msgs if m["role"] == "assistant")
+        runs, run = [], []  # contiguous masked runs, decoded whole (a token may be part of a UTF-8 character)
+        for t, keep in zip(ids.tolist(), row["loss_mask"].tolist()):
+            if keep:
+                run.append(t)
+            elif run:
+                runs.append(run)
+                run = []
+        got = "".join(tok.decode(r) for r in runs + ([run] if run else []))
+        assert got == want, row["id"]
+        assert tok.decode(ids.tolist()) == tok.apply_chat_template(msgs, tokenize=False)
+        with torch.inference_mode():
+            out = model(input_ids=ids[None], output_hidden_states=True)
+        for k in LAYERS:
+            cos = torch.nn.functional.cosine_similarity(row[f"hidden_layer_{k}"].float(), out.hidden_states[k + 1][0].float(), dim=-1)
+            assert cos.min() > 0.999, (row["id"], k)
+        cos = torch.nn.functional.cosine_similarity(row["hidden_final"].float(), out.last_hidden_state[0].float(), dim=-1)
+        assert cos.min() > 0.999
+
+
+def test_metadata_records_the_sampling(regen_build):
+    meta = json.loads((regen_build / "hs_dataset.json").read_text())
+    assert meta["config"]["responses"] == "regenerate"
+    assert meta["config"]["generation"] == GEN
+    card = (regen_build / "README.md").read_text()
+    assert "regenerated by the target" in card and '"max_new_tokens": 12' in card
+
+
+def test_a_reply_cut_at_max_new_tokens_is_a_named_reject_by_default(tiny_model, tmp_path):
+    try:
+        s = build(regen_config(tiny_model, generation={"max_new_tokens": 3}, max_samples=4), tmp_path / "o",
+                  progress=False)
+        written = s.counts.written
+        assert s.counts.samples_in == 4
+    except EmptyBuildError:  # every reply cut (the random model seldom ends a turn): nothing to load
+        written = 0
+    rejects = [json.loads(x) for x in (tmp_path / "o" / "rejects.jsonl").read_text().splitlines()]
+    assert written + len(rejects) == 4 and rejects
+    for r in rejects:
+        assert r["stage"] == "regenerate" and r["field"].startswith("messages[")
+        assert "cut at 3 tokens without an end of turn" in r["reason"] and "on_length=keep" in r["reason"]
+
+
+def test_bad_generation_options_are_refused_naming_the_fix(tiny_model):
+    with pytest.raises(ConfigError, match="did you mean 'max_new_tokens'"):
+        regen_config(tiny_model, generation={"max_new_token": 5})
+    with pytest.raises(ConfigError, match="set responses=regenerate"):
+        HiddenStatesConfig(model=tiny_model, source=str(DEMO), layers=LAYERS, generation={"seed": 1})
+    with pytest.raises(ConfigError, match="on_length"):
+        regen_config(tiny_model, generation={"on_length": "cut"})
+
+
+def test_a_killed_regenerate_build_resumes_to_the_uninterrupted_rows(tiny_model, tmp_path, regen_build):
+    """SIGKILL once a part is committed (its replies stored with it), then the same command again."""
+    out = tmp_path / "killed"
+    argv = [sys.executable, "-m", "hs_dataset.cli", "build", str(Path(__file__).resolve().parents[1] / "fixtures" / "regen_script.py"),
+            "-o", str(out), "--no-progress", "--set", f"model={tiny_model}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not list((out / ".hs_build" / "parts").glob("part-*.json")):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert not (out / "hs_dataset.json").exists()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 already done" in done.stdout
+    assert content_hash(out) == content_hash(regen_build)
