@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 
+from hs_dataset.cli.build import DEFAULT_MAX_REJECT_RATE
+from hs_dataset.cli.build import _rate as reject_rate
 from hs_dataset.cli.options import add_progress_arg, layers_arg
-from hs_dataset.errors import ConfigError
-from hs_dataset.layout import FILE_FORMATS, STORAGE_DTYPES
+from hs_dataset.cli.render import print_rejects
+from hs_dataset.errors import ConfigError, RejectRateError
+from hs_dataset.layout import FILE_FORMATS, REJECTS_FILE, STORAGE_DTYPES
+from hs_dataset.write.rejects import read_rejects
 
 __all__ = ["cmd_export", "cmd_import", "register"]
 
@@ -50,8 +55,17 @@ def cmd_import(a: argparse.Namespace) -> int:
           f"(of {s.samples}), {s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s")
     for note in s.notes:
         print(note)
-    if s.rejected:
-        print(f"rejected samples and reasons: {Path(a.out) / 'rejects.jsonl'}")
+    if s.rejected:  # as hs-dataset build: too many rejects is an error, the rows written are kept
+        too_many = s.rejected > a.max_reject_rate * s.samples
+        print_rejects(read_rejects(a.out), s.samples, most=8 if too_many else 3,
+                      file=sys.stderr if too_many else sys.stdout)
+        if too_many:
+            raise RejectRateError(
+                f"{s.rejected} of {s.samples} files rejected ({s.rejected / s.samples:.0%}), more than "
+                f"--max-reject-rate {a.max_reject_rate:g}: the import in {a.out} is kept (finished; {REJECTS_FILE} "
+                f"lists every reject). Fix the files or the options (see the reasons above), or accept it: the "
+                f"same command with --max-reject-rate {min(1.0, round(s.rejected / s.samples + 0.005, 2)):g}")
+        print(f"rejected samples and reasons: {Path(a.out) / REJECTS_FILE}")
     return 0
 
 
@@ -80,6 +94,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                                                  "mask (its batch padding; 'none' keeps them)")
     m.add_argument("--final-prenorm", action="store_true",
                    help="ModelOpt: hidden_states is before the final norm (its vLLM dumps do not say so)")
+    m.add_argument("--max-reject-rate", type=reject_rate, default=DEFAULT_MAX_REJECT_RATE, metavar="FRACTION",
+                   help=f"exit 2 with the reject breakdown when more of the files are rejected (default "
+                        f"{DEFAULT_MAX_REJECT_RATE:g}; the import is kept), as hs-dataset build")
     m.add_argument("--storage-dtype", default="bfloat16", choices=STORAGE_DTYPES)
     m.add_argument("--file-format", default="arrow", choices=FILE_FORMATS)
     m.add_argument("--trust-remote-code", action="store_true",

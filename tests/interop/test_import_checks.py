@@ -12,7 +12,7 @@ import torch
 
 from hs_dataset.cli import main as cli
 from hs_dataset.errors import InteropError
-from hs_dataset.interop import export_modelopt, import_dataset
+from hs_dataset.interop import export_dataset, export_modelopt, import_dataset, specforge_file
 from tests.fixtures.interop import LAYERS, PRE_LAYERS, rows
 
 
@@ -84,3 +84,22 @@ def test_a_listing_in_an_error_is_capped(tiny_model, tmp_path):
     msg = str(e.value)
     assert "300 states of shapes (1, 64), (2, 64), (3, 64) and 297 more" in msg
     _one_short_line(msg)
+
+
+def test_import_fails_when_more_files_are_rejected_than_the_rate(interop_ds, tmp_path, capsys):
+    sf = tmp_path / "sf"
+    export_dataset(interop_ds, "specforge", sf)
+    for i in (2, 5, 9):
+        specforge_file(sf, i).write_bytes(b"not a torch file")
+    assert cli(["import", str(sf), "--from", "specforge", str(tmp_path / "back"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("hs-dataset import: error: 3 of 12 files rejected (25%), more than --max-reject-rate 0.1")
+    assert "--max-reject-rate 0.26" in last and "unreadable" in err  # the breakdown, then the one line
+    assert len(rows(tmp_path / "back")) == 9  # the import's rows are kept
+    assert cli(["import", str(sf), "--from", "specforge", str(tmp_path / "back"), "--no-progress",
+                "--max-reject-rate", "0.3"]) == 0
+    with pytest.raises(SystemExit) as e:  # argparse's own exit 2
+        cli(["import", str(sf), "--from", "specforge", str(tmp_path / "c"), "--max-reject-rate", "2"])
+    assert e.value.code == 2
+    assert "a fraction of the samples" in capsys.readouterr().err
