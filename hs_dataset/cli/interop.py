@@ -42,7 +42,8 @@ def cmd_import(a: argparse.Namespace) -> int:
             ("--file-format", a.file_format), ("--pad-id", a.pad_id if a.pad_id != "0" else None)]
     command = " ".join(["hs-dataset", "import", shlex.quote(a.src), "--from", a.from_, shlex.quote(a.out)]
                        + [f"{k} {shlex.quote(v)}" for k, v in opts if v is not None]
-                       + ["--final-prenorm"] * a.final_prenorm + ["--trust-remote-code"] * a.trust_remote_code)
+                       + ["--final-prenorm"] * a.final_prenorm + ["--trust-remote-code"] * a.trust_remote_code
+                       + ["--skip-model-check"] * a.skip_model_check)
     try:
         pad_id = None if str(a.pad_id).lower() == "none" else int(a.pad_id)
     except ValueError:
@@ -50,7 +51,7 @@ def cmd_import(a: argparse.Namespace) -> int:
     s = import_dataset(a.src, a.from_, a.out, model=a.model, layers=layers_arg(a.layers),
                        storage_dtype=a.storage_dtype, file_format=a.file_format, progress=not a.no_progress,
                        build_command=command, pad_id=pad_id, final_prenorm=True if a.final_prenorm else None,
-                       trust_remote_code=a.trust_remote_code)
+                       trust_remote_code=a.trust_remote_code, check_model=not a.skip_model_check)
     print(f"imported {s.written} samples from {a.src} ({a.from_}) into {s.output_dir}: {s.rejected} rejected "
           f"(of {s.samples}), {s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s")
     for note in s.notes:
@@ -85,8 +86,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                                "ModelOpt dump dir (*.pt)")
     m.add_argument("--from", dest="from_", required=True, choices=FORMATS)
     m.add_argument("out", help="output build directory (resumable)")
-    m.add_argument("--model", help="the target model's directory (config.json + tokenizer); default: the one "
-                                   "recorded by hs-dataset export")
+    m.add_argument("--model", help="the target model's directory (config.json, tokenizer, weights); default: the "
+                                   "one recorded by hs-dataset export")
     m.add_argument("--layers", help="the files' layers in hs_dataset's convention (output of decoder layer k), e.g. "
                                     "1,29,57 (ending with L-1 where the last entry is before the final norm); "
                                     "default: recorded by the export / data_config.json, else the format's default")
@@ -94,6 +95,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                                                  "mask (its batch padding; 'none' keeps them)")
     m.add_argument("--final-prenorm", action="store_true",
                    help="ModelOpt: hidden_states is before the final norm (its vLLM dumps do not say so)")
+    m.add_argument("--skip-model-check", action="store_true",
+                   help="do not recompute a few samples with --model on the CPU to check that it made the files "
+                        "(for a model too large to run there; only the cheap checks run)")
     m.add_argument("--max-reject-rate", type=reject_rate, default=DEFAULT_MAX_REJECT_RATE, metavar="FRACTION",
                    help=f"exit 2 with the reject breakdown when more of the files are rejected (default "
                         f"{DEFAULT_MAX_REJECT_RATE:g}; the import is kept), as hs-dataset build")

@@ -5,15 +5,19 @@ ModelOpt does with the exported loss_mask. Each test failed before its fix."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from hs_dataset.cli import main as cli
+from hs_dataset.demo.tiny import make_tiny_tokenizer
 from hs_dataset.errors import InteropError
 from hs_dataset.interop import export_dataset, export_modelopt, import_dataset, specforge_file
-from tests.fixtures.interop import LAYERS, PRE_LAYERS, rows
+from hs_dataset.model_info import read_model_info
+from tests.fixtures.interop import LAYERS, PRE_LAYERS, assert_same_rows, rows
+from tests.gpu.models import make_dsv3  # the GPU tests' maker, run here on the CPU
 
 
 def _one_short_line(message: str, most: int = 400) -> None:
@@ -103,3 +107,61 @@ def test_import_fails_when_more_files_are_rejected_than_the_rate(interop_ds, tmp
         cli(["import", str(sf), "--from", "specforge", str(tmp_path / "c"), "--max-reject-rate", "2"])
     assert e.value.code == 2
     assert "a fraction of the samples" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_dsv3(tmp_path_factory, tiny_model) -> str:
+    """A random DeepSeek-V3 (MLA + MoE) of the tiny Llama's shapes: hidden 64, 4 layers, its tokenizer."""
+    out = tmp_path_factory.mktemp("dsv3")
+    tok = make_tiny_tokenizer(out)
+    make_dsv3(out, hidden=64, vocab=len(tok))
+    return str(out)
+
+
+def test_a_wrong_model_of_the_same_shapes_is_refused(interop_ds, tiny_model, tiny_dsv3, tmp_path, capsys):
+    ours, theirs = read_model_info(tiny_model), read_model_info(tiny_dsv3)
+    assert (ours.hidden_size, ours.num_layers) == (theirs.hidden_size, theirs.num_layers)  # every shape check passes
+    assert theirs.architecture != ours.architecture
+    export_modelopt(interop_ds, tmp_path / "mo")
+    with pytest.raises(InteropError) as e:
+        import_dataset(tmp_path / "mo", "modelopt", tmp_path / "x", model=tiny_dsv3, layers=LAYERS)
+    msg = str(e.value)
+    assert msg.startswith(f"sample {rows(interop_ds)[0]['id']}: hidden_layer_0 is not what {tiny_dsv3} computes")
+    assert "--skip-model-check" in msg
+    _one_short_line(msg)
+    assert not (tmp_path / "x").exists()  # nothing written
+    # the right model passes, and says what it checked
+    s = import_dataset(tmp_path / "mo", "modelopt", tmp_path / "ok", model=tiny_model, layers=LAYERS)
+    assert s.rejected == 0 and any(n.startswith("model check: 2 samples") for n in s.notes)
+    meta = json.loads((tmp_path / "ok" / "hs_dataset.json").read_text())
+    assert "every state matches" in meta["backend"]["options"]["model_check"]
+    # the right model with the wrong layers: the neighbouring layer is not the same state
+    with pytest.raises(InteropError, match="hidden_layer_1 is not what"):
+        import_dataset(tmp_path / "mo", "modelopt", tmp_path / "y", model=tiny_model, layers=(1, 2, 3))
+    # --skip-model-check: trusted, and said so
+    assert cli(["import", str(tmp_path / "mo"), "--from", "modelopt", str(tmp_path / "skip"), "--model", tiny_dsv3,
+                "--layers", "0,1,2", "--skip-model-check", "--no-progress"]) == 0
+    assert "model check skipped (--skip-model-check)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "skip" / "hs_dataset.json").read_text())["build_command"].endswith(
+        "--skip-model-check")
+
+
+def test_a_model_check_needs_the_weights_or_the_skip(interop_ds, tiny_model, tmp_path):
+    export_dataset(interop_ds, "specforge", tmp_path / "sf")
+    config_only = tmp_path / "config_only"
+    shutil.copytree(tiny_model, config_only, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(InteropError, match="has no weights.*--skip-model-check"):
+        import_dataset(tmp_path / "sf", "specforge", tmp_path / "x", model=str(config_only))
+    s = import_dataset(tmp_path / "sf", "specforge", tmp_path / "back", model=str(config_only), check_model=False)
+    assert s.written == 12
+    assert_same_rows(rows(interop_ds), rows(tmp_path / "back"))
+
+
+def test_skipping_the_model_check_keeps_the_final_norm_check(interop_pre_ds, tiny_model, tiny_norm_model, tmp_path):
+    # a post-norm dump that also carries layer L-1: hidden_final must be the model's norm of it
+    export_modelopt(interop_pre_ds, tmp_path / "mo", layers=PRE_LAYERS)
+    with pytest.raises(InteropError, match=r"hidden_final is not .*final norm of hidden_layer_3"):
+        import_dataset(tmp_path / "mo", "modelopt", tmp_path / "x", model=tiny_model, check_model=False)
+    s = import_dataset(tmp_path / "mo", "modelopt", tmp_path / "ok", model=tiny_norm_model, check_model=False)
+    assert any("hidden_final matches its final norm of hidden_layer_3 in 2 samples" in n for n in s.notes)
+    assert_same_rows(rows(interop_pre_ds), rows(tmp_path / "ok"))
