@@ -26,6 +26,9 @@ def cmd_export(a: argparse.Namespace) -> int:
     s = export_dataset(a.dir, a.to, a.out, layers=layers_arg(a.layers), group_size=a.group_size)
     print(f"exported {s.samples} samples to {s.output_dir} ({a.to} layout): {s.files} files, "
           f"{s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s")
+    if a.to == "modelopt":
+        print("ModelOpt reads the exported loss_mask only with answer_only_loss=True (its training.answer_only_loss); "
+              "by default it trains on every token")
     ids = s.layer_ids
     print(f"drafter layer ids ({Path(s.output_dir) / LAYER_IDS_FILE}): vLLM "
           f"{ids['vllm']['eagle_aux_hidden_state_layer_ids']}, SGLang "

@@ -8,7 +8,8 @@ write, and ``modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset`` r
     input_ids              int64 [T]
     hidden_states          bf16  [T, H]        the final state (HF dump: ``hidden_states[-1]``, post-norm)
     aux_hidden_states      bf16  [T, n * H]    ``hidden_states[lid + 1]`` for each aux layer id
-    loss_mask              int64 [T]           optional (``--answer-only-loss``); absent = all ones
+    loss_mask              int64 [T]           optional (``--answer-only-loss``); absent = all ones; the
+                                               trainer reads it only with ``answer_only_loss=True``
     conversation_id        the source row's id
     hidden_states_prenorm  bool                optional: True when ``hidden_states`` is before the norm
 
@@ -53,6 +54,10 @@ def modelopt_file_name(conversation_id: str) -> str:
 def export_modelopt(src: str | os.PathLike, out: str | os.PathLike, *,
                     layers: Iterable[int] | None = None) -> ExportSummary:
     """Write the build ``src`` as ModelOpt offline dumps (``{id}.pt``, post-norm ``hidden_states``).
+
+    Each file carries the build's ``loss_mask``, but ModelOpt uses it only when trained with
+    ``answer_only_loss=True`` (``training.answer_only_loss``; ``OfflineSupervisedDataset(...,
+    answer_only_loss=True)``): by default it ignores the stored mask and trains on every token.
 
     Args:
         src: a finished build directory.

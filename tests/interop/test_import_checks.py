@@ -16,6 +16,7 @@ from hs_dataset.demo.tiny import make_tiny_tokenizer
 from hs_dataset.errors import InteropError
 from hs_dataset.interop import export_dataset, export_modelopt, import_dataset, specforge_file
 from hs_dataset.model_info import read_model_info
+from tests.fixtures.builds import ROOT
 from tests.fixtures.interop import LAYERS, PRE_LAYERS, assert_same_rows, rows
 from tests.gpu.models import make_dsv3  # the GPU tests' maker, run here on the CPU
 
@@ -165,3 +166,12 @@ def test_skipping_the_model_check_keeps_the_final_norm_check(interop_pre_ds, tin
     s = import_dataset(tmp_path / "mo", "modelopt", tmp_path / "ok", model=tiny_norm_model, check_model=False)
     assert any("hidden_final matches its final norm of hidden_layer_3 in 2 samples" in n for n in s.notes)
     assert_same_rows(rows(interop_pre_ds), rows(tmp_path / "ok"))
+
+
+def test_modelopt_export_says_its_loss_mask_needs_answer_only_loss(interop_ds, tmp_path, capsys):
+    assert "answer_only_loss=True" in (export_modelopt.__doc__ or "")
+    assert cli(["export", str(interop_ds), "--to", "modelopt", str(tmp_path / "mo")]) == 0
+    assert "loss_mask only with answer_only_loss=True" in capsys.readouterr().out
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    interop = readme[readme.index("## Interop"):readme.index("## Stored format")]
+    assert "`loss_mask` only with `answer_only_loss=True`" in interop
