@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 
+from hs_dataset.cli.build import DEFAULT_MAX_REJECT_RATE
+from hs_dataset.cli.build import _rate as reject_rate
 from hs_dataset.cli.options import add_progress_arg, layers_arg
-from hs_dataset.errors import ConfigError
-from hs_dataset.layout import FILE_FORMATS, STORAGE_DTYPES
+from hs_dataset.cli.render import print_rejects
+from hs_dataset.errors import ConfigError, RejectRateError
+from hs_dataset.layout import FILE_FORMATS, REJECTS_FILE, STORAGE_DTYPES
+from hs_dataset.write.rejects import read_rejects
 
 __all__ = ["cmd_export", "cmd_import", "register"]
 
@@ -21,6 +26,9 @@ def cmd_export(a: argparse.Namespace) -> int:
     s = export_dataset(a.dir, a.to, a.out, layers=layers_arg(a.layers), group_size=a.group_size)
     print(f"exported {s.samples} samples to {s.output_dir} ({a.to} layout): {s.files} files, "
           f"{s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s")
+    if a.to == "modelopt":
+        print("ModelOpt reads the exported loss_mask only with answer_only_loss=True (its training.answer_only_loss); "
+              "by default it trains on every token")
     ids = s.layer_ids
     print(f"drafter layer ids ({Path(s.output_dir) / LAYER_IDS_FILE}): vLLM "
           f"{ids['vllm']['eagle_aux_hidden_state_layer_ids']}, SGLang "
@@ -37,7 +45,8 @@ def cmd_import(a: argparse.Namespace) -> int:
             ("--file-format", a.file_format), ("--pad-id", a.pad_id if a.pad_id != "0" else None)]
     command = " ".join(["hs-dataset", "import", shlex.quote(a.src), "--from", a.from_, shlex.quote(a.out)]
                        + [f"{k} {shlex.quote(v)}" for k, v in opts if v is not None]
-                       + ["--final-prenorm"] * a.final_prenorm + ["--trust-remote-code"] * a.trust_remote_code)
+                       + ["--final-prenorm"] * a.final_prenorm + ["--trust-remote-code"] * a.trust_remote_code
+                       + ["--skip-model-check"] * a.skip_model_check)
     try:
         pad_id = None if str(a.pad_id).lower() == "none" else int(a.pad_id)
     except ValueError:
@@ -45,13 +54,22 @@ def cmd_import(a: argparse.Namespace) -> int:
     s = import_dataset(a.src, a.from_, a.out, model=a.model, layers=layers_arg(a.layers),
                        storage_dtype=a.storage_dtype, file_format=a.file_format, progress=not a.no_progress,
                        build_command=command, pad_id=pad_id, final_prenorm=True if a.final_prenorm else None,
-                       trust_remote_code=a.trust_remote_code)
+                       trust_remote_code=a.trust_remote_code, check_model=not a.skip_model_check)
     print(f"imported {s.written} samples from {a.src} ({a.from_}) into {s.output_dir}: {s.rejected} rejected "
           f"(of {s.samples}), {s.bytes_written / 2**20:.1f} MiB in {s.seconds:.1f}s")
     for note in s.notes:
         print(note)
-    if s.rejected:
-        print(f"rejected samples and reasons: {Path(a.out) / 'rejects.jsonl'}")
+    if s.rejected:  # as hs-dataset build: too many rejects is an error, the rows written are kept
+        too_many = s.rejected > a.max_reject_rate * s.samples
+        print_rejects(read_rejects(a.out), s.samples, most=8 if too_many else 3,
+                      file=sys.stderr if too_many else sys.stdout)
+        if too_many:
+            raise RejectRateError(
+                f"{s.rejected} of {s.samples} files rejected ({s.rejected / s.samples:.0%}), more than "
+                f"--max-reject-rate {a.max_reject_rate:g}: the import in {a.out} is kept (finished; {REJECTS_FILE} "
+                f"lists every reject). Fix the files or the options (see the reasons above), or accept it: the "
+                f"same command with --max-reject-rate {min(1.0, round(s.rejected / s.samples + 0.005, 2)):g}")
+        print(f"rejected samples and reasons: {Path(a.out) / REJECTS_FILE}")
     return 0
 
 
@@ -71,8 +89,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                                "ModelOpt dump dir (*.pt)")
     m.add_argument("--from", dest="from_", required=True, choices=FORMATS)
     m.add_argument("out", help="output build directory (resumable)")
-    m.add_argument("--model", help="the target model's directory (config.json + tokenizer); default: the one "
-                                   "recorded by hs-dataset export")
+    m.add_argument("--model", help="the target model's directory (config.json, tokenizer, weights); default: the "
+                                   "one recorded by hs-dataset export")
     m.add_argument("--layers", help="the files' layers in hs_dataset's convention (output of decoder layer k), e.g. "
                                     "1,29,57 (ending with L-1 where the last entry is before the final norm); "
                                     "default: recorded by the export / data_config.json, else the format's default")
@@ -80,6 +98,12 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                                                  "mask (its batch padding; 'none' keeps them)")
     m.add_argument("--final-prenorm", action="store_true",
                    help="ModelOpt: hidden_states is before the final norm (its vLLM dumps do not say so)")
+    m.add_argument("--skip-model-check", action="store_true",
+                   help="do not recompute a few samples with --model on the CPU to check that it made the files "
+                        "(for a model too large to run there; only the cheap checks run)")
+    m.add_argument("--max-reject-rate", type=reject_rate, default=DEFAULT_MAX_REJECT_RATE, metavar="FRACTION",
+                   help=f"exit 2 with the reject breakdown when more of the files are rejected (default "
+                        f"{DEFAULT_MAX_REJECT_RATE:g}; the import is kept), as hs-dataset build")
     m.add_argument("--storage-dtype", default="bfloat16", choices=STORAGE_DTYPES)
     m.add_argument("--file-format", default="arrow", choices=FILE_FORMATS)
     m.add_argument("--trust-remote-code", action="store_true",

@@ -5,8 +5,8 @@
 (:mod:`.specforge`, :mod:`.speculators`, :mod:`.modelopt`: each docstring gives the layout, the
 peer's source it was checked against, and its layer ids); :mod:`.common` (the export frame),
 :mod:`.importer` (the import driver: per-sample rejects, a resumable build), :mod:`.layer_ids`
-(the drafter config's ids per engine) and :mod:`.final_norm` (``hidden_final`` from a pre-norm
-last layer).
+(the drafter config's ids per engine), :mod:`.final_norm` (``hidden_final`` from a pre-norm
+last layer) and :mod:`.model_check` (``--model`` checked against the files' states).
 
 Labels are never guessed: a state before the final norm is stored as ``hidden_layer_{L-1}``, and
 ``hidden_final`` is either the file's post-norm state or computed with the model's own final norm.
@@ -75,16 +75,17 @@ def import_dataset(src: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
                    file_format: FileFormat = "arrow",
                    part_size: int = 256, progress: bool = False, build_command: str | None = None,
                    pad_id: int | None = SPECFORGE_PAD_ID, final_prenorm: bool | None = None,
-                   trust_remote_code: bool = False) -> ImportSummary:
+                   trust_remote_code: bool = False, check_model: bool = True) -> ImportSummary:
     """Import SpecForge, speculators or ModelOpt hidden states from ``src`` into a build directory ``out``.
 
     Args:
         src: the peer's output directory.
         fmt: ``specforge``, ``speculators`` or ``modelopt``.
         out: the build directory to write (resumable: run the same call again after a crash).
-        model: the target model's directory (config.json + tokenizer; with a pre-norm last layer
-            (speculators, ModelOpt vLLM dumps) also its weights, of which only the final norm is
-            read); default: the model recorded by an ``hs-dataset export``.
+        model: the target model's directory (config.json, tokenizer and weights: the model check
+            runs it; with ``check_model=False`` the weights are needed only for a pre-norm last
+            layer (speculators, ModelOpt vLLM dumps), of which only the final norm is read);
+            default: the model recorded by an ``hs-dataset export``.
         layers: the layers of the files' entries in hs_dataset's convention (ending with ``L-1``
             where the files' last entry is the pre-norm last layer); default: recorded by
             ``hs-dataset export`` or ``data_config.json``, else the format's default.
@@ -92,10 +93,14 @@ def import_dataset(src: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
         pad_id: SpecForge: strip trailing tokens with this id outside the loss mask (None keeps them).
         final_prenorm: ModelOpt: whether ``hidden_states`` is before the final norm (None: the files' flag).
         trust_remote_code: the model's tokenizer is its own code (Kimi-K2.5), recorded like a build's.
+        check_model: before anything is written, recompute a few samples with ``model`` on the CPU
+            (transformers) and refuse states it does not compute (:mod:`.model_check`); False
+            (``--skip-model-check``) for a model too large to run there: only the cheap check runs.
 
     Raises:
-        InteropError: an unknown format, an unusable source, or no usable sample at all (one bad
-            sample is a reject in ``rejects.jsonl``, not an error).
+        InteropError: an unknown format, an unusable source, no usable sample at all (one bad
+            sample is a reject in ``rejects.jsonl``, not an error), or states ``model`` does not
+            compute (another model, other layers).
     """
 
     if fmt not in IMPORT_FORMATS:
@@ -118,4 +123,4 @@ def import_dataset(src: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
         source = modelopt_source(src, L, final_prenorm=final_prenorm)
     return run_import(source, out, model=model, source_dir=src, layers=layers, storage_dtype=storage_dtype,
                       file_format=file_format, part_size=part_size, progress=progress, trust_remote_code=trust_remote_code,
-                      build_command=build_command or f"hs-dataset import {src} --from {fmt} {out}")
+                      check_model=check_model, build_command=build_command or f"hs-dataset import {src} --from {fmt} {out}")

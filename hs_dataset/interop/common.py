@@ -33,7 +33,7 @@ from hs_dataset.read.iterate import iter_torch
 from hs_dataset.read.open import open_dataset
 
 __all__ = ["EXPORT_SIDECAR", "LAYER_IDS_FILE", "ExportFrame", "ExportSummary", "ImportedSample", "InteropError",
-           "Peek", "SourceFile", "index_of", "read_sidecar", "torch_load"]
+           "Peek", "SourceFile", "few", "index_of", "read_sidecar", "torch_load"]
 
 EXPORT_SIDECAR = "hs_dataset_export.json"
 LAYER_IDS_FILE = "drafter_layer_ids.json"
@@ -74,6 +74,13 @@ class Peek:
 class ImportedSample:
     input_ids: torch.Tensor  # int [T]
     states: torch.Tensor  # bf16 [num_states, T, H], in the file's order
+
+
+def few(items: Iterable[Any], n: int = 3) -> str:
+    """At most ``n`` items, then ``and N more``: keeps a listing in an error message to one short line."""
+    items = list(items)
+    shown = ", ".join(str(x) for x in items[:n])
+    return shown + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 def index_of(path: Path, prefix: str) -> int | None:

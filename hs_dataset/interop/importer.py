@@ -8,6 +8,8 @@ Before the build, every file is *peeked* (tokens and shapes, not the states) and
 file (unreadable, wrong hidden size or layer count, token ids outside the vocabulary, mismatched
 token ids...) becomes one reject with the sample id it would have had, never an abort of the
 whole import; only when no file at all is usable does the import stop, with the first reason.
+Then, still before anything is written, ``--model`` is checked against a few samples' states
+(:mod:`hs_dataset.interop.model_check`): the right shapes do not make the right model.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from hs_dataset.write.driver import build
@@ -26,6 +29,7 @@ from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import InteropError, SampleError
 from hs_dataset.interop.common import ImportedSample, Peek, SourceFile
 from hs_dataset.interop.final_norm import FinalNorm, load_final_norm
+from hs_dataset.interop.model_check import check_model as model_check
 from hs_dataset.layout import STATE_DIR, FileFormat, StorageDtype
 from hs_dataset.model_info import ModelInfo, check_layers, read_model_info
 from hs_dataset.prepare.tokenizer import load_tokenizer
@@ -184,10 +188,23 @@ def _resolve_layers(src: ForeignSource, info: ModelInfo, layers: Iterable[int] |
     return out
 
 
+def _file_states(backend: FileCaptureBackend, src: ForeignSource,
+                 lines: list[dict[str, Any]]) -> Iterator[CaptureResult]:
+    """The states the import would store for each usable file, in order (read lazily)."""
+    for k, line in enumerate(lines):
+        if k not in src.errors:
+            s = TokenizedSample(f"import:{k}", np.asarray(line["input_ids"], dtype=np.int32),
+                                np.asarray(line["loss_mask"], dtype=np.uint8))
+            yield from (r for r in backend.capture([s]) if isinstance(r, CaptureResult))
+
+
 def run_import(src: ForeignSource, out: str | os.PathLike, *, model: str, source_dir: Path,
                layers: Iterable[int] | None, storage_dtype: StorageDtype, file_format: FileFormat, part_size: int,
-               progress: bool, build_command: str, trust_remote_code: bool = False) -> ImportSummary:
-    """Peek and check every file of ``src``, write the import index, run the build."""
+               progress: bool, build_command: str, trust_remote_code: bool = False,
+               check_model: bool = True) -> ImportSummary:
+    """Peek and check every file of ``src``, check ``model`` against a few samples' states
+    (:mod:`hs_dataset.interop.model_check`; ``check_model=False``: only its cheap check), write the
+    import index, run the build."""
 
     if not src.files:
         raise InteropError(f"{source_dir}: no {src.fmt} sample files found")
@@ -210,6 +227,10 @@ def run_import(src: ForeignSource, out: str | os.PathLike, *, model: str, source
     if len(src.errors) == len(src.files):
         raise InteropError(f"no usable {src.fmt} sample in {source_dir}: {next(iter(src.errors.values()))[1]}")
     options.update(flags)
+    backend = FileCaptureBackend(src, info, use, norm)
+    options["model_check"] = model_check(_file_states(backend, src, lines), info, use, model, check=check_model,
+                                         norm=norm, trust_remote_code=trust_remote_code)
+    notes.append(options["model_check"])
     if flags.get("pad_tail_tokens"):
         notes.append(f"stripped SpecForge pad tails: {flags['pad_tail_tokens']} tokens (pad id "
                      f"{src.options.get('pad_id')}, loss mask 0) from {flags['pad_tail_samples']} samples")
@@ -228,7 +249,6 @@ def run_import(src: ForeignSource, out: str | os.PathLike, *, model: str, source
                                 truncation="reject", on_nonfinite="reject", backend=name, storage_dtype=storage_dtype,
                                 file_format=file_format, part_size=part_size, backend_options=options,
                                 trust_remote_code=trust_remote_code)
-    backend = FileCaptureBackend(src, info, use, norm)
     s = build(config, out, backend=backend, progress=progress, build_command=build_command)
     return ImportSummary(s.output_dir, s.counts.samples_in, s.counts.written, s.counts.rejected, s.bytes_written,
                          s.seconds, notes)

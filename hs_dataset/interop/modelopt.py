@@ -8,7 +8,8 @@ write, and ``modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset`` r
     input_ids              int64 [T]
     hidden_states          bf16  [T, H]        the final state (HF dump: ``hidden_states[-1]``, post-norm)
     aux_hidden_states      bf16  [T, n * H]    ``hidden_states[lid + 1]`` for each aux layer id
-    loss_mask              int64 [T]           optional (``--answer-only-loss``); absent = all ones
+    loss_mask              int64 [T]           optional (``--answer-only-loss``); absent = all ones; the
+                                               trainer reads it only with ``answer_only_loss=True``
     conversation_id        the source row's id
     hidden_states_prenorm  bool                optional: True when ``hidden_states`` is before the norm
 
@@ -31,7 +32,7 @@ import torch
 
 from hs_dataset.errors import SampleError
 from hs_dataset.interop.common import (ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile,
-                                       read_sidecar, torch_load)
+                                       few, read_sidecar, torch_load)
 from hs_dataset.interop.importer import _UNREADABLE, ForeignSource
 from hs_dataset.layout import FINAL_COLUMN
 
@@ -53,6 +54,10 @@ def modelopt_file_name(conversation_id: str) -> str:
 def export_modelopt(src: str | os.PathLike, out: str | os.PathLike, *,
                     layers: Iterable[int] | None = None) -> ExportSummary:
     """Write the build ``src`` as ModelOpt offline dumps (``{id}.pt``, post-norm ``hidden_states``).
+
+    Each file carries the build's ``loss_mask``, but ModelOpt uses it only when trained with
+    ``answer_only_loss=True`` (``training.answer_only_loss``; ``OfflineSupervisedDataset(...,
+    answer_only_loss=True)``): by default it ignores the stored mask and trains on every token.
 
     Args:
         src: a finished build directory.
@@ -79,8 +84,14 @@ def export_modelopt(src: str | os.PathLike, out: str | os.PathLike, *,
 def modelopt_source(src: Path, L: int, *, final_prenorm: bool | None = None) -> ForeignSource:
     """The import reader of a folder of ModelOpt dumps (``L``: the model's decoder layers).
 
-    ``final_prenorm``: whether ``hidden_states`` is before the final norm; None: each file's
-    ``hidden_states_prenorm`` (absent = post-norm, ModelOpt's own default).
+    ``final_prenorm``: whether ``hidden_states`` is before the final norm; None: the files'
+    ``hidden_states_prenorm`` (absent = post-norm, ModelOpt's own default). A folder whose files
+    disagree is refused, never judged by one file or by the majority: the flag decides what
+    ``hidden_states`` is labelled, and a dump of the other kind is most likely another run.
+
+    Raises:
+        InteropError: no ``*.pt`` file, or a folder mixing pre-norm and post-norm dumps (the
+            message gives how many of each and a few of the fewer kind).
     """
     side = read_sidecar(src, "modelopt")
     paths = sorted(src.rglob("*.pt"))
@@ -90,15 +101,14 @@ def modelopt_source(src: Path, L: int, *, final_prenorm: bool | None = None) -> 
     files = [SourceFile(k, p, p.name[:-3]) for k, p in enumerate(paths)]
     errors: dict[int, tuple[str, str]] = {}
     seen: dict[str, Path] = {}
-    prenorm: bool | None = final_prenorm
+    kinds: dict[bool, list[Path]] = {True: [], False: []}
     for k, f in enumerate(files):  # ids and the pre-norm flag need the (memory-mapped) dicts: no states read
         try:
             d = torch_load(f.path)
             cid = d.get("conversation_id")
             if cid is not None:
                 f.sample_id = str(cid)
-            if prenorm is None:
-                prenorm = bool(d.get("hidden_states_prenorm", False))
+            kinds[bool(d.get("hidden_states_prenorm", False))].append(f.path)
         except _UNREADABLE as e:  # EOFError, UnpicklingError...: this file's reject, not the import's end
             errors[k] = ("file", f"{f.path}: unreadable ({e!r})")
             continue
@@ -107,16 +117,24 @@ def modelopt_source(src: Path, L: int, *, final_prenorm: bool | None = None) -> 
         seen.setdefault(f.sample_id, f.path)
     if not files:
         raise InteropError(f"{src}: no ModelOpt dump files (*.pt)")
-    prenorm = bool(prenorm)
+    if final_prenorm is None and kinds[True] and kinds[False]:
+        pre, post = len(kinds[True]), len(kinds[False])
+        fewer = kinds[pre < post]
+        raise InteropError(f"{src} mixes {pre} pre-norm and {post} post-norm dumps (hidden_states_prenorm "
+                           f"{'true' if pre < post else 'absent or false'} in {few(p.name for p in fewer)}): import "
+                           "each kind from its own folder, or pass --final-prenorm if every hidden_states is pre-norm")
+    prenorm = bool(kinds[True]) if final_prenorm is None else final_prenorm
 
     def load(f: SourceFile) -> tuple[dict, int, int, int]:
         d = torch_load(f.path)
         missing = [k for k in _KEYS if k not in d]
         if missing:
-            raise SampleError("file", f"missing keys {missing}")
+            hint = (": a list of hidden_states is speculators' legacy data_<i>.pt, use --from speculators"
+                    if isinstance(d.get("hidden_states"), (list, tuple)) else "")
+            raise SampleError("file", f"missing keys {missing}{hint}")
         if final_prenorm is None and bool(d.get("hidden_states_prenorm", False)) != prenorm:
-            raise SampleError("hidden_states_prenorm", f"is {not prenorm}, unlike the other files: do not mix "
-                                                       "pre-norm and post-norm dumps")
+            raise SampleError("hidden_states_prenorm", f"is {not prenorm}, unlike when the import began (the file "
+                                                       "changed): do not mix pre-norm and post-norm dumps")
         H = d["hidden_states"].shape[-1]
         T = d["hidden_states"].numel() // H
         width = d["aux_hidden_states"].numel() // max(T, 1)

@@ -45,8 +45,8 @@ from safetensors.torch import load_file, save_file
 
 from hs_dataset.errors import SampleError
 from hs_dataset.interop.common import (ExportFrame, ExportSummary, ImportedSample, InteropError, Peek, SourceFile,
-                                       index_of, read_sidecar, torch_load)
-from hs_dataset.interop.importer import ForeignSource
+                                       few, index_of, read_sidecar, torch_load)
+from hs_dataset.interop.importer import _UNREADABLE, ForeignSource
 
 __all__ = ["export_speculators", "fp8_dequantize", "speculators_source"]
 
@@ -117,11 +117,25 @@ def _hs_files(hs_dir: Path) -> dict[int, Path]:
     return out
 
 
+def _refuse_modelopt(src: Path, pts: list[Path]) -> None:
+    """A folder of ModelOpt dumps (``*.pt`` too) is refused as such, not read as data_<i>.pt files."""
+    for p in pts[:3]:  # the first readable file decides; a corrupt one is left to the per-file rejects
+        try:
+            keys = set(torch_load(p))
+        except _UNREADABLE:
+            continue
+        if "aux_hidden_states" in keys:
+            raise InteropError(f"{src} looks like a ModelOpt dump ({p.name} holds aux_hidden_states, which "
+                               "speculators' data_<i>.pt files do not): use --from modelopt")
+        return
+
+
 def _legacy_source(src: Path, L: int) -> ForeignSource:
     pts = sorted((p for p in src.rglob("*.pt") if p.name != TOKEN_FREQ_FILE), key=lambda p: (index_of(p, "data_")
                  if index_of(p, "data_") is not None else -1, str(p)))
     if not pts:
         raise InteropError(f"{src}: no speculators data (hidden_states/hs_<i>.safetensors or data_<i>.pt files)")
+    _refuse_modelopt(src, pts)
     files = [SourceFile(k, p, f"speculators:{index_of(p, 'data_') if index_of(p, 'data_') is not None else k}")
              for k, p in enumerate(pts)]
     cfg_path = src / "data_config.json"
@@ -140,8 +154,8 @@ def _legacy_source(src: Path, L: int) -> ForeignSource:
         d, hs = load(f)
         T = hs[0].shape[0]
         if any(tuple(h.shape) != tuple(hs[0].shape) for h in hs) or d["input_ids"].numel() != T:
-            raise SampleError("hidden_states", f"{len(hs)} states of shapes {[tuple(h.shape) for h in hs]} for "
-                                               f"{d['input_ids'].numel()} input_ids")
+            raise SampleError("hidden_states", f"{len(hs)} states of shapes {few(tuple(h.shape) for h in hs)} for "
+                                               f"{d['input_ids'].numel()} input_ids (want [T, H] per layer)")
         return Peek(d["input_ids"].reshape(-1).clone(), d["loss_mask"].reshape(-1).clone(), len(hs), hs[0].shape[-1])
 
     def read(f: SourceFile) -> ImportedSample:
@@ -172,7 +186,7 @@ def speculators_source(src: Path, L: int) -> ForeignSource:
         ds = ds["train"] if "train" in ds else next(iter(ds.values()))
     for c in ("input_ids", "loss_mask"):
         if c not in ds.column_names:
-            raise InteropError(f"preprocessed dataset {ds_dir} has no {c!r} column (columns: {ds.column_names})")
+            raise InteropError(f"preprocessed dataset {ds_dir} has no {c!r} column (columns: {few(ds.column_names, 6)})")
     beyond = [i for i in found if i >= len(ds)]
     if beyond:
         raise InteropError(f"{found[beyond[0]]} is beyond the {len(ds)} rows of the preprocessed dataset {ds_dir}")

@@ -246,6 +246,10 @@ def test_modelopt_reads_our_export(interop_ds, tmp_path, modelopt_eagle_utils):
         assert torch.equal(item["loss_mask"], r["loss_mask"].long())
     batch = modelopt_eagle_utils.EagleOfflineDataCollator(train_len=256)(items[:4])
     assert batch["base_model_outputs"]["aux_hidden_states"].shape == (4, 256, 3 * H)
+    # without answer_only_loss=True (its default) ModelOpt ignores the stored mask, as our docs say
+    plain = modelopt_eagle_utils.OfflineSupervisedDataset(files)
+    assert all(bool((plain[i]["loss_mask"] == 1).all()) for i in range(12))
+    assert all(not bool(r["loss_mask"].all()) for r in ours.values())  # while ours leaves the prompts out
 
 
 def test_modelopt_hf_dump_imports_with_the_right_labels(tiny_model, tmp_path, modelopt_eagle_utils):
