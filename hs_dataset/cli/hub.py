@@ -61,6 +61,12 @@ def push(build_dir: str, repo_id: str, version: str, *, force: bool, as_json: bo
     if as_json:
         print(json.dumps(dataclasses.asdict(r), indent=1))
         return
+    if r.already_there:
+        done = "" if not r.resumed else "; finished the interrupted push (main: " + (
+            "now this version" if r.main_updated else "left alone, a newer version is there") + ")"
+        print(f"{repo_id} {r.version} is already there with exactly this build (tag at commit {r.commit_sha[:12]}) "
+              f"on {endpoint_of()}: nothing uploaded{done}")
+        return
     how = "force-pushed" if r.forced else "pushed"
     print(f"{how} {build_dir} as {repo_id} {r.version} (tag at commit {r.commit_sha[:12]}) to {endpoint_of()}"
           + (f" as {user}" if user else ""))

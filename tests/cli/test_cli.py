@@ -23,7 +23,7 @@ from hs_dataset.config import config_fields, describe_type, field_types
 from hs_dataset.layout import BACKENDS, META_FILE, STATE_DIR
 from hs_dataset.model_info import ModelInfo
 from tests.fakehub.server import running_hub
-from tests.fakehub.tools import client_subprocess_env
+from tests.fakehub.tools import client_subprocess_env, make_rows, write_built_dataset
 from tests.fixtures.builds import DEMO, ROOT
 from tests.fixtures.cli import SCRIPT, demo, run, user_error
 
@@ -354,6 +354,24 @@ def test_push_and_versions_print_readable_summaries(built, tmp_path):
     assert re.match(r"\d{4}-\d\d-\d\d", cells[-2])
     (entry,) = json.loads(j.stdout)
     assert (entry["version"], entry["commit_sha"], entry["samples"]) == ("v1.0", commit, 16)
+
+
+def test_a_finished_push_run_again_exits_0_in_one_line_and_other_content_is_refused(tmp_path):
+    build = write_built_dataset(tmp_path / "b", make_rows(5))
+    with running_hub(tmp_path, write_token=TOKEN) as hub:
+        env = client_subprocess_env(hub, tmp_path / "home", token=TOKEN)
+        first = run("push", str(build), REPO, "--version", "v1.0", env=env)
+        assert first.returncode == 0, first.stderr[-3000:]
+        commit = hub.commit_of("dataset", REPO, "v1.0").oid
+        before = hub.dump_state()
+        again = run("push", str(build), REPO, "--version", "v1.0", env=env)
+        assert hub.dump_state() == before
+        other = run("push", str(write_built_dataset(tmp_path / "o", make_rows(5, seed=3))), REPO, "--version", "v1.0",
+                    env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines() == [f"{REPO} v1.0 is already there with exactly this build (tag at commit "
+                                         f"{commit[:12]}) on {hub.endpoint}: nothing uploaded"]
+    user_error(other, "version tag 'v1.0' already exists", "holds other files than this build", "--force", cmd="push")
 
 
 # ------------------------------------------------------------------ 7. progress
