@@ -27,6 +27,7 @@ import traceback
 from hs_dataset._version import __version__
 from hs_dataset.cli.build import cmd_build
 from hs_dataset.cli.build import register as register_build
+from hs_dataset.cli.hub import dash_version
 from hs_dataset.cli.hub import register as register_hub
 from hs_dataset.cli.inspect import register as register_inspect
 from hs_dataset.cli.interop import register as register_interop
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit status (2: an error the message says how to fix, 130: Ctrl-C)."""
     a: argparse.Namespace | None = None
     try:
-        a = make_parser().parse_args(argv)
+        a = make_parser().parse_args(dash_version(sys.argv[1:] if argv is None else list(argv)))
         status = a.fn(a)
         sys.stdout.flush()  # here, where a closed pipe (`inspect | head`) is caught, not at exit
         return status

@@ -11,8 +11,34 @@ from hs_dataset.write.progress import is_terminal
 from hs_dataset.cli.options import add_progress_arg
 from hs_dataset.cli.render import size, table
 from hs_dataset.errors import MissingPathError
+from hs_dataset.hub.names import check_version_name
 
-__all__ = ["cmd_push", "cmd_verify", "cmd_versions", "push", "register"]
+__all__ = ["cmd_push", "cmd_verify", "cmd_versions", "dash_version", "push", "register"]
+
+
+def dash_version(argv: list[str]) -> list[str]:
+    """``argv`` with ``--version -v1`` written ``--version=-v1``, so that a version name starting with '-' meets
+    its rule (:mod:`hs_dataset.hub.names`, one line) instead of argparse's usage error.
+
+    Only after the command (``hs-dataset --version`` takes no value) and before ``--``; a next word that
+    reads as an option (``--...``, or ``-x`` of two characters) is left to argparse.
+    """
+    out: list[str] = []
+    command = False
+    i = 0
+    while i < len(argv):
+        word, after = argv[i], argv[i + 1] if i + 1 < len(argv) else ""
+        if word == "--":
+            return out + argv[i:]
+        if command and word == "--version" and after.startswith("-") and not after.startswith("--") \
+                and len(after) > 2:
+            out.append(f"--version={after}")
+            i += 2
+            continue
+        command = command or not word.startswith("-")
+        out.append(word)
+        i += 1
+    return out
 
 
 def _quiet_hub(no_progress: bool) -> None:
@@ -28,11 +54,18 @@ def push(build_dir: str, repo_id: str, version: str, *, force: bool, as_json: bo
     from hs_dataset.hub.access import check_hub, endpoint_of, hub_errors  # deferred: huggingface_hub
     from hs_dataset.hub.publish import push_dataset  # deferred: imports torch, datasets
 
+    check_version_name(version)  # first: the name's rule, before the token or the build is looked at
     user = check_hub(need_token=True)
     with hub_errors(repo_id=repo_id):
         r = push_dataset(build_dir, repo_id, version, force=force)
     if as_json:
         print(json.dumps(dataclasses.asdict(r), indent=1))
+        return
+    if r.already_there:
+        done = "" if not r.resumed else "; finished the interrupted push (main: " + (
+            "now this version" if r.main_updated else "left alone, a newer version is there") + ")"
+        print(f"{repo_id} {r.version} is already there with exactly this build (tag at commit {r.commit_sha[:12]}) "
+              f"on {endpoint_of()}: nothing uploaded{done}")
         return
     how = "force-pushed" if r.forced else "pushed"
     print(f"{how} {build_dir} as {repo_id} {r.version} (tag at commit {r.commit_sha[:12]}) to {endpoint_of()}"

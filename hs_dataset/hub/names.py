@@ -3,9 +3,12 @@
 A version is a tag of the dataset repository, and the Hub resolves a revision by name (a branch, a
 tag, or a commit id). A tag named ``main`` makes ``load_dataset(repo)`` ambiguous and every later
 push fail, ``HEAD`` and ``refs/...`` shadow git's own names, ``hs-dataset/...`` is the prefix of the
-push's work branches, 40 (or 64) hex digits read as a commit id, and ``@`` is the revision separator
-of ``org/name@revision`` paths (and git's ``@{...}`` syntax). Everything else must be a name that
-``git check-ref-format`` accepts as ``refs/tags/<name>``.
+push's work branches, 7 or more hex digits read as a commit id (an abbreviated one from 7: ``50d617e``
+would shadow the commit it abbreviates), and ``@`` is the revision separator of ``org/name@revision``
+paths (and git's ``@{...}`` syntax). The name must pass ``git check-ref-format`` as
+``refs/tags/<name>``, and, to be one path segment of a Hub URL that no client reads differently: at
+most :data:`MAX_LENGTH` characters, no ``/`` (the Hub's pull-request refs are ``refs/pr/N``; a slash is
+a path in URLs), only ASCII letters, digits, ``.``, ``_`` and ``-``, starting with a letter or digit.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import re
 
 from hs_dataset.errors import VersionNameError
 
-__all__ = ["WORK_BRANCH_PREFIX", "check_version_name", "version_name_problem"]
+__all__ = ["MAX_LENGTH", "WORK_BRANCH_PREFIX", "check_version_name", "version_name_problem"]
 
 WORK_BRANCH_PREFIX = "hs-dataset/"
-_COMMIT_ID = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")
+MAX_LENGTH = 128  # a safe limit chosen here: far within what git, URLs and file systems take, readable in a card
+_COMMIT_ID = re.compile(r"[0-9a-fA-F]{7,}")  # a full commit id (40 or 64) or an abbreviated one (7+)
+_NOT_ALLOWED = re.compile(r"[^A-Za-z0-9._-]")
 _GIT_BAD_CHAR = re.compile(r"[\x00-\x20~^:?*\[\\\x7f]")
 
 
@@ -49,6 +54,8 @@ def version_name_problem(version: str, branches: set[str] | frozenset[str] = fro
     """
     if not version:
         return "is empty"
+    if len(version) > MAX_LENGTH:
+        return f"is {len(version)} characters long: at most {MAX_LENGTH} are allowed"
     if version.casefold() == "main":
         return "is the name of the branch main (load_dataset(repo) would become ambiguous)"
     if version.upper() == "HEAD" or version.endswith("_HEAD"):
@@ -58,19 +65,32 @@ def version_name_problem(version: str, branches: set[str] | frozenset[str] = fro
     if version.startswith(WORK_BRANCH_PREFIX):
         return f"starts with {WORK_BRANCH_PREFIX}, the prefix of the work branches push creates"
     if _COMMIT_ID.fullmatch(version):
-        return "is 40 (or 64) hex digits: it would read as a commit id"
+        return "is 7 or more hex digits: it would read as a commit id or an abbreviated one"
     if "@" in version:
         return "contains '@', the revision separator of org/name@revision paths (and of git's @{...})"
     if version.startswith("-"):
         return "starts with '-': command lines would read it as an option"
     if version in branches:
         return f"is the name of an existing branch of the repository ({version})"
-    return _git_problem(version)
+    return _git_problem(version) or _url_problem(version)
+
+
+def _url_problem(name: str) -> str | None:
+    """Why ``name`` is no safe single segment of a Hub URL (None: it is)."""
+    if "/" in name:
+        return "contains '/': the Hub's pull-request refs are refs/pr/N and a '/' is a path in URLs"
+    bad = _NOT_ALLOWED.search(name)
+    if bad:
+        return f"contains {bad.group(0)!r}: only ASCII letters, digits, '.', '_' and '-' are allowed"
+    if not name[0].isalnum():
+        return f"starts with {name[0]!r}: a version name starts with an ASCII letter or digit"
+    return None
 
 
 def check_version_name(version: str, branches: set[str] | frozenset[str] = frozenset()) -> None:
     """Raise :class:`VersionNameError` naming the rule when ``version`` cannot be a version name."""
     why = version_name_problem(version, branches)
     if why is not None:
-        raise VersionNameError(f"invalid version name {version!r}: it {why}. Use a plain tag name such as 'v1.0'",
+        shown = repr(version) if len(version) <= MAX_LENGTH else f"{version[:40]!r}..."
+        raise VersionNameError(f"invalid version name {shown}: it {why}. Use a plain tag name such as 'v1.0'",
                                version=version)

@@ -10,8 +10,10 @@ How a push proceeds (``push_dataset``), through the real :class:`huggingface_hub
 0. the build is verified (:func:`hs_dataset.integrity.verify.verify_build`, the full check: every shard present
    with its size, rows and content hash, nothing unlisted) and scanned for credentials; a build that
    fails either is refused before anything is sent, naming the shard and the repair;
-1. the dataset repo is created if needed; an existing tag ``version`` is refused unless ``force``
-   (the name itself is checked first: :mod:`hs_dataset.hub.names`);
+1. the dataset repo is created if needed; an existing tag ``version`` on exactly this build's files is
+   the push done already (``already_there``: nothing is uploaded; a push stopped after tagging is
+   finished, step 6), on other files it is refused unless ``force`` (the name itself is checked
+   first: :mod:`hs_dataset.hub.names`);
 2. the work branch ``hs-dataset/<version>`` is created from ``main`` (or resumed when it exists);
 3. files not already on the work branch with the same content (size + sha256 for LFS files, git
    blob id for regular ones) are uploaded in commits of at most ``commit_files`` files, each with
@@ -25,7 +27,8 @@ How a push proceeds (``push_dataset``), through the real :class:`huggingface_hub
    this version is the newest one, and the work branch is deleted.
 
 An interrupted push run again resumes at step 3 and uploads only what is missing; a push stopped
-between steps 5 and 6 is finished by running it again. No tag ever points at a partial upload.
+between steps 5 and 6 is finished by running it again, and a finished push run again changes
+nothing. No tag ever points at a partial upload.
 
 The token comes from huggingface_hub's usual sources (``token=``, ``HF_TOKEN``, stored login); it is
 never printed, logged or written, and files about to be uploaded are checked not to contain it, nor
@@ -76,11 +79,10 @@ class PushResult:
     forced: bool = False
     previous_commit: str | None = None  # what the tag pointed at before a forced push
     resumed: bool = False  # the work branch existed already
+    already_there: bool = False  # the tag held exactly this build: nothing uploaded (resumed: main etc. finished)
 
 
 # --------------------------------------------------------------------------------------- helpers
-
-
 
 
 def _scrub(text: str, token: str | None) -> str:
@@ -133,7 +135,8 @@ def push_dataset(
         NotABuildError: ``local_dir`` is not a finished build.
         IntegrityError: its files differ from its ``hs_dataset.json`` (names the shard and the repair).
         SecretLeakError: a file holds a credential.
-        VersionExistsError: the version exists and ``force`` was not given.
+        VersionExistsError: the version exists on other files than this build's and ``force`` was not given
+            (on this build's files the push is done: ``already_there``).
         PublishError: the work branch does not hold exactly this build after the uploads (not tagged).
     """
     if commit_files < 1:
@@ -186,7 +189,8 @@ def _begin(api: HfApi, repo_id: str, version: str, local: dict[str, LocalFile], 
     """Step 1: the version's state on the Hub -> the push's result so far (``commit_sha`` set: finished).
 
     Raises:
-        VersionNameError: the name shadows a branch. VersionExistsError: tagged, and not ``force``.
+        VersionNameError: the name shadows a branch.
+        VersionExistsError: tagged on other files than this build's, and not ``force``.
     """
     work = f"{WORK_BRANCH_PREFIX}{version}"
     check_version_name(version, set(branches) - {work})
@@ -199,24 +203,33 @@ def _begin(api: HfApi, repo_id: str, version: str, local: dict[str, LocalFile], 
         if replaced is not None:  # killed between deleting the old tag and creating the new one
             logger.info("resuming the forced push of %s that replaced %s", version, replaced)
             result.forced, result.previous_commit = True, replaced
-    if previous is not None and branches.get(work) == previous and not force:
-        # An earlier run tagged this version but stopped before updating main: finish it, provided the
-        # tagged content is this build.
-        tagged = remote_files(api, repo_id, previous)
-        same = all(f.same_as(tagged.get(rel)) for rel, f in local.items())
-        if same and set(tagged) - {README_FILE, *KEEP_REMOTE} == set(local):
-            logger.info("version %s is tagged already; finishing the interrupted push", version)
-            result.commit_sha = previous
-            _finish(api, repo_id, version, previous, work, tags, result)
-            return result
     if previous is not None and not force:
-        raise VersionExistsError(
-            f"version tag '{version}' already exists on {repo_id} (commit {previous}); versions are immutable. "
-            f"Publish a new version, or re-push this one with --force (force=True) to move the tag."
-        )
+        if not _holds_build(remote_files(api, repo_id, previous), local):
+            raise VersionExistsError(
+                f"version tag '{version}' already exists on {repo_id} (commit {previous}) and holds other files than "
+                "this build; versions are immutable. Publish a new version, or re-push this one with --force "
+                "(force=True) to move the tag."
+            )
+        # This build is the version already: a rerun of a finished push, or of one stopped after tagging.
+        result.commit_sha, result.already_there = previous, True
+        result.resumed = branches.get(work) == previous  # this push's work branch, left at the tag
+        if result.resumed:  # stopped before main and the work branch were done: finish them
+            logger.info("version %s is tagged already; finishing the interrupted push", version)
+            _finish(api, repo_id, version, previous, work, tags, result)
+        else:
+            logger.info("version %s already holds this build: nothing to push", version)
+            result.main_commit = branches.get("main")
+        return result
     if previous is not None:
         result.forced, result.previous_commit = True, previous
     return result
+
+
+def _holds_build(tree: dict[str, RepoFile], local: dict[str, LocalFile]) -> bool:
+    """``tree`` (a commit's files) holds exactly this build: every file with the same content, no other
+    (besides the card and :data:`KEEP_REMOTE`)."""
+    return all(f.same_as(tree.get(rel)) for rel, f in local.items()) and \
+        set(tree) - {README_FILE, *KEEP_REMOTE} == set(local)
 
 
 def _work_branch(api: HfApi, repo_id: str, work: str, branches: dict[str, str]) -> str:
@@ -302,8 +315,6 @@ def _check_tree(api: HfApi, repo_id: str, work: str, head: str, local: dict[str,
             f"{sorted(set(final) - expected)}, missing or different: {sorted(set(expected - set(final)) | set(wrong))}); "
             "not tagging it"
         )
-
-
 
 
 def _finish(api: HfApi, repo_id: str, version: str, commit: str, work: str, tags: dict[str, str],

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,10 @@ from hs_dataset.integrity.checksums import HASH_KEY, check_shard
 from hs_dataset.layout import DATA_DIR, META_FILE, SHARD_RE, STATE_DIR
 
 __all__ = ["Problem", "VerifyReport", "check_files", "check_listing", "damage_of", "data_files", "read_meta",
-           "recorded_shards",
-           "verify_build", "verify_repo"]
+           "recorded_shards", "repair_command", "verify_build", "verify_repo"]
+
+# how a build command names its output: --output and the prefixes argparse takes for it (--o is ambiguous), -o
+_OUTPUT_FLAGS = ("--output", "--outpu", "--outp", "--out", "--ou")
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,30 @@ def check_files(root: Path, meta: dict[str, Any], *, quick: bool,
     return problems, rows
 
 
+def repair_command(command: str, root: Path) -> str:
+    """The recorded build ``command`` made to repair ``root``, the directory verified (a copy of a build
+    keeps the command of the original): its ``--output``/``-o`` value (an import's OUT) replaced by
+    ``root``, or ``--output ROOT`` appended when it names none."""
+    here = str(root)
+    try:
+        words = shlex.split(command)
+    except ValueError:  # not shell words: the last --output given wins
+        return f"{command} --output {shlex.quote(here)}"
+    if words[1:2] == ["import"] and len(words) >= 6 and words[3] == "--from":
+        words[5] = here  # hs-dataset import SRC --from FORMAT OUT ... (as cli.interop records it)
+        return shlex.join(words)
+    found = False
+    for i, word in enumerate(words):
+        flag, eq, _ = word.partition("=")
+        if eq and flag in _OUTPUT_FLAGS:
+            words[i], found = f"{flag}={here}", True
+        elif word in (*_OUTPUT_FLAGS, "-o") and i + 1 < len(words):
+            words[i + 1], found = here, True
+        elif word.startswith("-o") and len(word) > 2 and words[i - 1] not in (*_OUTPUT_FLAGS, "-o"):
+            words[i], found = f"-o{here}", True  # -oDIR
+    return shlex.join(words if found else [*words, "--output", here])
+
+
 def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[str, str] | None = None,
                  mark: bool = True) -> VerifyReport:
     """Verify a finished build directory against its ``hs_dataset.json``.
@@ -192,13 +219,14 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
     command = meta.get("build_command")
     again = f"the build command again (`{command}`)" if command else "the same build again (the same configuration)"
     if local:
+        here = f"the build command again (`{repair_command(str(command), root)}`)" if command else again
         foreign = [p.path for p in problems if p.part is None and p.path.startswith(DATA_DIR + "/")
                    and not SHARD_RE.match(p.path[len(DATA_DIR) + 1:])]
         move = f" Move {', '.join(foreign)} out of {root / DATA_DIR} first (a build removes only files named like its " \
                "shards)." if foreign else ""
-        report.repair = (f"Repair: run {again} on {root}: it rebuilds part(s) {report.parts} and removes unlisted "
+        report.repair = (f"Repair: run {here} on {root}: it rebuilds part(s) {report.parts} and removes unlisted "
                          "shard files (then verify again)." if report.parts else
-                         f"Repair: run {again} on {root}: it removes the unlisted shard files.") + move
+                         f"Repair: run {here} on {root}: it removes the unlisted shard files.") + move
         if mark and not quick:
             mark_damaged(root, damage_of(problems))
     else:
@@ -206,8 +234,6 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
                          f"are damaged, rebuild part(s) {report.parts} where it was built ({again}) and push "
                          "again with --force.")
     return report
-
-
 
 
 def verify_repo(repo_id: str, *, revision: str | None = None, quick: bool = False, token: str | None = None,

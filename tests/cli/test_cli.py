@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from hs_dataset.capture.options import backend_options
+from hs_dataset.cli.hub import dash_version
 from hs_dataset.config import config_fields, describe_type, field_types
 from hs_dataset.layout import BACKENDS, META_FILE, STATE_DIR
 from hs_dataset.model_info import ModelInfo
 from tests.fakehub.server import running_hub
-from tests.fakehub.tools import client_subprocess_env
+from tests.fakehub.tools import client_subprocess_env, make_rows, write_built_dataset
 from tests.fixtures.builds import DEMO, ROOT
 from tests.fixtures.cli import SCRIPT, demo, run, user_error
 
@@ -288,6 +289,35 @@ def test_push_without_a_token_says_how_to_get_one_before_any_work(tmp_path):
     user_error(r, "no Hugging Face token: set HF_TOKEN or run `hf auth login`", cmd="push")
 
 
+BAD_VERSIONS = {  # the spelling on the command line: words of the rule the one line must name
+    "--version -v1": ["invalid version name '-v1'", "starts with '-'"],
+    "--version=-v1": ["invalid version name '-v1'", "starts with '-'"],
+    "--version 50d617e": ["invalid version name '50d617e'", "commit id"],
+    "--version pr/1": ["invalid version name 'pr/1'", "refs/pr/N"],
+}
+
+
+@pytest.mark.parametrize("spelling", list(BAD_VERSIONS))
+def test_a_bad_version_name_is_its_rule_in_one_line_before_anything_else(spelling, tmp_path):
+    """Even ``--version -v1``, which argparse alone reads as an option, and before the token is asked for."""
+    with running_hub(tmp_path) as hub:
+        env = client_subprocess_env(hub, tmp_path / "home")  # no token: that error would come first otherwise
+        r = run("push", str(tmp_path / "not-even-a-build"), REPO, *spelling.split(), env=env)
+    user_error(r, *BAD_VERSIONS[spelling], "Use a plain tag name such as 'v1.0'", cmd="push")
+    assert r.stderr.count("\n") == 1 and "usage:" not in r.stderr
+
+
+def test_only_a_version_value_after_the_command_is_rejoined():
+    assert dash_version(["push", "d", "r", "--version", "-v1"]) == ["push", "d", "r", "--version=-v1"]
+    assert dash_version(["build", "s.py", "-o", "x", "--version", "-v1", "--push", "r"]) == [
+        "build", "s.py", "-o", "x", "--version=-v1", "--push", "r"]
+    for argv in (["--version"], ["push", "d", "r", "--version", "--force"], ["push", "d", "r", "--version", "-h"],
+                 ["push", "d", "r", "--", "--version", "-v1"], ["push", "d", "r", "--version", "v1"]):
+        assert dash_version(argv) == argv
+    r = run("push", "d", REPO, "--version", "--force")  # a forgotten value is still argparse's error
+    assert r.returncode == 2 and "argument --version: expected one argument" in r.stderr
+
+
 def test_an_unreachable_endpoint_names_hf_endpoint(copy, tmp_path):
     with running_hub(tmp_path) as hub:
         env = client_subprocess_env(hub, tmp_path / "home", token=TOKEN)
@@ -324,6 +354,24 @@ def test_push_and_versions_print_readable_summaries(built, tmp_path):
     assert re.match(r"\d{4}-\d\d-\d\d", cells[-2])
     (entry,) = json.loads(j.stdout)
     assert (entry["version"], entry["commit_sha"], entry["samples"]) == ("v1.0", commit, 16)
+
+
+def test_a_finished_push_run_again_exits_0_in_one_line_and_other_content_is_refused(tmp_path):
+    build = write_built_dataset(tmp_path / "b", make_rows(5))
+    with running_hub(tmp_path, write_token=TOKEN) as hub:
+        env = client_subprocess_env(hub, tmp_path / "home", token=TOKEN)
+        first = run("push", str(build), REPO, "--version", "v1.0", env=env)
+        assert first.returncode == 0, first.stderr[-3000:]
+        commit = hub.commit_of("dataset", REPO, "v1.0").oid
+        before = hub.dump_state()
+        again = run("push", str(build), REPO, "--version", "v1.0", env=env)
+        assert hub.dump_state() == before
+        other = run("push", str(write_built_dataset(tmp_path / "o", make_rows(5, seed=3))), REPO, "--version", "v1.0",
+                    env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines() == [f"{REPO} v1.0 is already there with exactly this build (tag at commit "
+                                         f"{commit[:12]}) on {hub.endpoint}: nothing uploaded"]
+    user_error(other, "version tag 'v1.0' already exists", "holds other files than this build", "--force", cmd="push")
 
 
 # ------------------------------------------------------------------ 7. progress

@@ -114,12 +114,15 @@ def test_repush_is_refused_and_force_is_recorded(hub, tmp_path):
     r2 = push_dataset(write_built_dataset(tmp_path / "b2", make_rows(12, seed=3)), REPO, "v1.1")
     before = hub.dump_state()
 
+    bfix = write_built_dataset(tmp_path / "bfix", fixed)
     with pytest.raises(VersionExistsError) as err:
-        push_dataset(b1, REPO, "v1.0")
+        push_dataset(bfix, REPO, "v1.0")
     assert "'v1.0'" in str(err.value) and "--force" in str(err.value)
     assert hub.dump_state() == before  # refused before touching anything
+    same = push_dataset(b1, REPO, "v1.0")  # the build v1.0 holds: already there, not refused
+    assert same.already_there and same.commit_sha == r1.commit_sha and not same.main_updated
+    assert hub.dump_state() == before
 
-    bfix = write_built_dataset(tmp_path / "bfix", fixed)
     r3 = push_dataset(bfix, REPO, "v1.0", force=True)
     assert r3.forced and r3.previous_commit == r1.commit_sha and r3.commit_sha != r1.commit_sha
     assert not r3.main_updated  # v1.1 is newer: main stays on it
@@ -220,11 +223,57 @@ def test_push_stopped_after_tagging_is_finished_by_a_rerun(hub, tmp_path):
     assert [t.name for t in refs.tags] == ["v1.0"] and "hs-dataset/v1.0" in {b.name for b in refs.branches}
     hub.commit_fault = None
     result = push_dataset(build, REPO, "v1.0")  # no --force needed: same build, push not finished
-    assert result.main_updated and not result.forced
+    assert result.main_updated and not result.forced and result.already_there and result.resumed
     assert remote_manifest(hub, "main") == manifest(build)
     assert [b.name for b in HfApi().list_repo_refs(REPO, repo_type="dataset").branches] == ["main"]
-    with pytest.raises(VersionExistsError):  # now it is finished: a re-push is refused again
-        push_dataset(build, REPO, "v1.0")
+    before = hub.dump_state()
+    again = push_dataset(build, REPO, "v1.0")  # now it is finished: a rerun changes nothing
+    assert again.already_there and not again.resumed and again.commit_sha == result.commit_sha
+    assert hub.dump_state() == before
+    with pytest.raises(VersionExistsError, match="holds other files than this build"):  # another build: refused
+        push_dataset(write_built_dataset(tmp_path / "other", make_rows(6, seed=9)), REPO, "v1.0")
+
+
+@pytest.mark.parametrize("killed_after", ["create_tag", "delete_branch"])
+def test_a_push_killed_after_tagging_or_after_it_finished_reruns_without_force(hub, tmp_path, killed_after):
+    """SIGKILLed right after the tag was made (main not updated yet) or after the last step (the caller
+    never heard back): the same push run again, without --force, is done (nothing uploaded), having
+    finished what was left; another build for the same version is still refused."""
+    build = write_built_dataset(tmp_path / "b", make_rows(9), shard_rows=4)
+    script = textwrap.dedent(f"""
+        import os, signal
+        from huggingface_hub import HfApi
+        real = HfApi.{killed_after}
+        def killed(self, *a, **k):
+            real(self, *a, **k)
+            os.kill(os.getpid(), signal.SIGKILL)  # the step was done; the process never returns
+        HfApi.{killed_after} = killed
+        from hs_dataset.hub.publish import push_dataset
+        push_dataset({str(build)!r}, {REPO!r}, "v1.0")
+    """)
+    env = client_subprocess_env(hub, tmp_path / "subhome", token=TOKEN)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stderr.decode()[-2000:]
+    api = HfApi()
+    refs = api.list_repo_refs(REPO, repo_type="dataset")
+    (tag,) = refs.tags
+    assert tag.name == "v1.0" and remote_manifest(hub, "v1.0") == manifest(build)
+    assert ("hs-dataset/v1.0" in {b.name for b in refs.branches}) == (killed_after == "create_tag")
+    before = hub.dump_state()
+    uploads = dict(hub.lfs_uploads)
+
+    r = push_dataset(build, REPO, "v1.0")
+    assert r.already_there and not r.forced and r.commit_sha == tag.target_commit
+    assert r.uploaded == [] and r.commits == [] and hub.lfs_uploads == uploads
+    assert r.resumed == (killed_after == "create_tag")  # what the killed push left is finished
+    refs = api.list_repo_refs(REPO, repo_type="dataset")
+    assert [(t.name, t.target_commit) for t in refs.tags] == [("v1.0", tag.target_commit)]
+    assert [b.name for b in refs.branches] == ["main"] and remote_manifest(hub, "main") == manifest(build)
+    if killed_after == "delete_branch":
+        assert hub.dump_state() == before  # it had finished: the rerun changed nothing
+    with pytest.raises(VersionExistsError, match="--force"):
+        push_dataset(write_built_dataset(tmp_path / "other", make_rows(9, seed=4)), REPO, "v1.0")
 
 
 @pytest.fixture

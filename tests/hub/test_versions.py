@@ -1,5 +1,7 @@
-"""Version names that would shadow a git ref on the Hub are refused, naming the rule (issue 12); a
-forced push killed between deleting the old tag and creating the new one resumes into the version."""
+"""Version names that would shadow a git ref on the Hub are refused, naming the rule (issue 12), and so
+are abbreviated commit ids, over-long names, '/' and anything but ASCII letters, digits, '.', '_', '-'
+(issue 27); a forced push killed between deleting the old tag and creating the new one resumes into
+the version."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from huggingface_hub import HfApi
 
 from hs_dataset.write.card import parse_history
 from hs_dataset.errors import VersionNameError
-from hs_dataset.hub.names import _git_problem, version_name_problem
+from hs_dataset.hub.names import MAX_LENGTH, _git_problem, check_version_name, version_name_problem
 from hs_dataset.hub.publish import push_dataset
 from tests.fakehub.server import running_hub
 from tests.fakehub.tools import client_subprocess_env, hub_client_env, make_rows, write_built_dataset
@@ -35,8 +37,13 @@ REFUSED = {
     "a/.b": "starting with '.'", "v1/": "'/'", "/v1": "'/'", "a//b": "'/'", "v1.": "ends with '.'",
     "v1~1": "'~'", "v1^": "'^'", "v1:0": "':'", "v1?": "'?'", "v1*": "'*'", "v1[0": "'['", "v1\\0": "'\\\\'",
     "v1\x7f": "'\\x7f'", "v1\t": "'\\t'",
+    # issue 27: abbreviated commit ids (digits only included), '/', non-ASCII, a bad first character
+    "50d617e": "commit id", "deadbeef": "commit id", "1234567": "commit id", "20241130": "commit id",
+    "a/b": "'/'", "pr/1": "refs/pr/N", "release/v1": "'/'", "v1.0-ü": "only ASCII letters, digits", "vé": "'é'",
+    "v1+2": "'+'", "v1,2": "','", "_v1": "starts with '_'",
 }
-ACCEPTED = ["v1.0", "v2.0-rc1", "release/v1", "2024.11.30", "deadbeef", "v1_final", "kimi-k2.5-hs-v3", "vé"]
+ACCEPTED = ["v1.0", "v2.0-rc1", "2024.11.30", "abcdef", "123456", "v1_final", "kimi-k2.5-hs-v3", "V1.0",
+            "0.1", "x" * 128]
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
@@ -60,6 +67,32 @@ def test_valid_names_pass_and_the_git_rules_agree_with_git():
             continue
         r = subprocess.run([git, "check-ref-format", f"refs/tags/{name}"], capture_output=True)
         assert (r.returncode == 0) == (_git_problem(name) is None), (name, r.returncode, _git_problem(name))
+
+
+def test_an_abbreviated_commit_id_of_the_repo_is_refused(tmp_path):
+    """``50d617e``, the first 7 hex digits of v1.0's commit, names that commit on the Hub: a tag of that
+    name would shadow it (``revision="50d617e"`` would give the new version)."""
+    with running_hub(tmp_path) as hub, hub_client_env(hub, tmp_path / "home", token=TOKEN):
+        r1 = push_dataset(write_built_dataset(tmp_path / "b1", make_rows(3)), REPO, "v1.0")
+        short = r1.commit_sha[:7]
+        api = HfApi()
+        assert api.dataset_info(REPO, revision=short).sha == r1.commit_sha  # the Hub reads it as the commit
+        before = hub.dump_state()
+        with pytest.raises(VersionNameError, match=f"invalid version name '{short}': it is 7 or more hex digits: "
+                                                   "it would read as a commit id"):
+            push_dataset(write_built_dataset(tmp_path / "b2", make_rows(4, seed=2)), REPO, short)
+        assert hub.dump_state() == before
+        assert api.dataset_info(REPO, revision=short).sha == r1.commit_sha
+
+
+@pytest.mark.parametrize("length", [129, 300])
+def test_a_name_longer_than_the_limit_is_refused_saying_the_limit(length):
+    name = "v" + "1" * (length - 1)
+    assert version_name_problem("v" + "1" * (MAX_LENGTH - 1)) is None
+    with pytest.raises(VersionNameError) as e:
+        check_version_name(name)
+    assert f"is {length} characters long: at most {MAX_LENGTH} are allowed" in str(e.value)
+    assert name not in str(e.value) and f"{name[:40]!r}..." in str(e.value)  # quoted shortened, one line
 
 
 def test_a_version_named_like_an_existing_branch_is_refused(tmp_path):

@@ -6,6 +6,7 @@ uninterrupted build. A published version is verified after download, or from the
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,11 +18,11 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from hs_dataset.write.driver import build
 from hs_dataset.errors import IntegrityError
 from hs_dataset.hub.publish import push_dataset
-from hs_dataset.integrity.verify import verify_build, verify_repo
+from hs_dataset.integrity.verify import repair_command, verify_build, verify_repo
 from hs_dataset.layout import DAMAGED_FILE, STATE_DIR
 from hs_dataset.read.open import load_verified, open_dataset
 from tests.fakehub.server import running_hub
-from tests.fakehub.tools import client_subprocess_env, hub_client_env
+from tests.fakehub.tools import client_subprocess_env, hub_client_env, make_rows, write_built_dataset
 from tests.fixtures.builds import config, content_hash
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +78,8 @@ def test_a_damaged_shard_is_named_refused_and_repaired(finished, tiny_model, bac
     report = verify_build(out)
     assert not report.ok and [p.path for p in report.problems] == [f"data/{named}"], report.message()
     msg = report.message()
-    assert named in msg and "hs-dataset build demo -o ref" in msg  # the shard, and the command that repairs it
+    # the shard, and the command that repairs it: the copy's, not the original's -o ref
+    assert named in msg and f"(`hs-dataset build demo -o {out}`) on {out}" in msg and "-o ref" not in msg
     if fault == "duplicate":
         assert report.parts == [] and "not listed" in msg
     else:
@@ -87,7 +89,7 @@ def test_a_damaged_shard_is_named_refused_and_repaired(finished, tiny_model, bac
         before = hub.dump_state()
         with pytest.raises(IntegrityError) as e:
             push_dataset(out, REPO, "v1.0")
-        assert named in str(e.value) and "refusing to push" in str(e.value) and "build" in str(e.value)
+        assert named in str(e.value) and "refusing to push" in str(e.value) and f"demo -o {out}" in str(e.value)
         assert hub.dump_state() == before  # refused before anything was sent
 
     if fault in ("delete", "duplicate", "truncate"):  # the readers see the count (or size) is off
@@ -173,3 +175,45 @@ def test_a_published_version_is_verified_after_download(finished, tmp_path):
         assert r.returncode == 1 and "content hash" in r.stdout and SHARD in r.stdout
         good = load_verified(REPO, revision="v1.0", streaming=True)
         assert sum(1 for _ in good) == 24
+
+
+REPAIRS = {  # recorded command -> the command that repairs /new/copy
+    "hs-dataset build demo.py -o /old/ref": "hs-dataset build demo.py -o /new/copy",
+    "hs-dataset build demo.py --output /old/ref --push o/r": "hs-dataset build demo.py --output /new/copy --push o/r",
+    "hs-dataset build demo.py --output=/old/ref": "hs-dataset build demo.py --output=/new/copy",
+    "hs-dataset build demo.py -o/old/ref": "hs-dataset build demo.py -o/new/copy",
+    "hs-dataset build demo.py --out /old/ref --on-nonfinite reject": "hs-dataset build demo.py --out /new/copy "
+                                                                        "--on-nonfinite reject",
+    "hs-dataset build demo.py --set max_length=512": "hs-dataset build demo.py --set max_length=512 --output /new/copy",
+    "hs-dataset import sf --from specforge /old/ref --model m": "hs-dataset import sf --from specforge /new/copy --model m",
+    "hs-dataset build 'my demo.py' -o /old/ref": "hs-dataset build 'my demo.py' -o /new/copy",
+}
+
+
+@pytest.mark.parametrize("recorded", list(REPAIRS))
+def test_the_repair_command_writes_the_directory_verified(recorded):
+    assert repair_command(recorded, Path("/new/copy")) == REPAIRS[recorded]
+
+
+def test_a_copied_build_is_told_to_repair_the_copy_by_verify_and_push(tmp_path):
+    """A build copied elsewhere keeps its recorded command (``--output`` of the original): the repair of
+    ``verify``, of the CLI's ``verify`` and of push's refusal names the copy (issue 27, finding 9)."""
+    original = tmp_path / "original"
+    write_built_dataset(original, make_rows(12), shard_rows=4,
+                        build_command=f"hs-dataset build demo.py --output {original} --set max_length=512")
+    (original / STATE_DIR / "parts").mkdir()  # a local build's state
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    (copy / "data" / "train-00001-00003.arrow").unlink()
+    want = f"Repair: run the build command again (`hs-dataset build demo.py --output {copy} --set max_length=512`) " \
+           f"on {copy}: it rebuilds part(s) [1]"
+
+    msg = verify_build(copy).message()
+    assert want in msg and str(original) not in msg, msg
+    r = subprocess.run([sys.executable, "-m", "hs_dataset.cli", "verify", str(copy)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert r.returncode == 1 and want in r.stdout and str(original) not in r.stdout, r.stdout + r.stderr
+    with running_hub(tmp_path) as hub, hub_client_env(hub, tmp_path / "home", token=TOKEN):
+        with pytest.raises(IntegrityError) as e:
+            push_dataset(copy, REPO, "v1.0")
+    assert "refusing to push" in str(e.value) and want in str(e.value) and str(original) not in str(e.value)
