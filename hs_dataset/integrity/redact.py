@@ -11,8 +11,9 @@ recorded build command:
   ``accessToken``; not ``batch_tokens``, ``max_new_tokens``, ``token_offsets`` or ``tokenizer``). Every string
   under such a key is redacted; numbers,
   booleans and null are kept;
-* the user-info of a URL (``http://user:password@host`` -> ``http://***@host``) and URL query
-  values with such names (``?api_key=...``), in any string;
+* the user-info of a URL (``http://user:password@host`` -> ``http://***@host``), URL query values
+  with such names (``?api_key=...``) and ``NAME=value`` with such a name anywhere in a string (a path
+  component ``/models/tok_password=.../``), in any string;
 * strings shaped like a Hugging Face token (``hf_`` + 20 or more letters/digits);
 * in a command line: ``--set a.b.api_key=...``, ``KEY=...`` and ``--some-token VALUE`` /
   ``--some-token=VALUE`` arguments, and JSON values holding any of the above.
@@ -53,6 +54,8 @@ _WORD_RE = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 _URL_USER = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/\s:@?#'\"]*)(?::([^/\s@?#'\"]*))?@")
 _QUERY = re.compile(r"([?&;])([^=&#\s'\"]+)=([^&#\s'\"]*)")
 _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
+# NAME=value anywhere in a string (a path component /models/tok_password=x/, an environment assignment)
+_KEY_VALUE = re.compile(r"(?<![\w.\-])([A-Za-z_][\w.\-]*)=([^\s/&;'\"#?,]+)")
 _ARG_KEY = re.compile(r"[A-Za-z_][\w.\-]*")
 
 Found = list[tuple[str, str]]  # (where, value)
@@ -87,8 +90,15 @@ def redact_text(text: str, where: str = "text") -> tuple[str, Found]:
         found.append((where + " (an hf_ token)", m.group(0)))
         return "hf_" + REDACTED
 
+    def key_value(m: re.Match) -> str:
+        if not is_secret_key(m.group(1)) or m.group(2) == REDACTED:
+            return m.group(0)
+        found.append((f"{where} ({m.group(1)}=...)", m.group(2)))
+        return f"{m.group(1)}={REDACTED}"
+
     text = _URL_USER.sub(user, text)
     text = _QUERY.sub(query, text)
+    text = _KEY_VALUE.sub(key_value, text)
     return _HF_TOKEN.sub(token, text), found
 
 

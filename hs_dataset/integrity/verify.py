@@ -8,8 +8,10 @@
 
 Checked: every shard listed in ``hs_dataset.json`` (``shards``) exists with its size, rows and
 xxh3-128 (:mod:`hs_dataset.integrity.checksums`), no other file is in ``data/`` (readers would load it too),
-and the shards' rows add up to the recorded ``counts.written``. Each problem names the shard and the
-part to rebuild. For a local build a full check also marks the damaged parts in
+and the shards' rows add up to the recorded ``counts.written``; and everything else a push uploads
+agrees with ``hs_dataset.json``: the card's front matter (the features ``load_dataset`` reads),
+``rejects.jsonl`` (:mod:`hs_dataset.integrity.metadata`). Each problem names the file and the part to
+rebuild. For a local build a full check also marks the damaged parts in
 ``.hs_build/damaged.json``, so that running the same build command again rebuilds exactly them (a
 flipped bit in the middle of a large shard is beyond the quick check a resumed build runs itself).
 ``push`` runs the full check first and refuses a build that fails it.
@@ -29,6 +31,7 @@ from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.hf_api import RepoFile
 
 from hs_dataset.integrity.damage import mark_damaged
+from hs_dataset.integrity.metadata import check_metadata
 from hs_dataset.errors import IntegrityError, NotABuildError
 from hs_dataset.integrity.checksums import HASH_KEY, check_shard
 from hs_dataset.layout import DATA_DIR, META_FILE, SHARD_RE, STATE_DIR
@@ -213,6 +216,7 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
     root = Path(path)
     meta = read_meta(root)
     problems, rows = check_files(root, meta, quick=quick, digests=digests)
+    problems += [Problem(name, what) for name, what in check_metadata(root, meta)]
     shards = recorded_shards(meta, str(root))
     report = VerifyReport(str(root), quick, len(shards), rows, problems)
     local = (root / STATE_DIR / "parts").is_dir()
@@ -226,7 +230,8 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
                "shards)." if foreign else ""
         report.repair = (f"Repair: run {here} on {root}: it rebuilds part(s) {report.parts} and removes unlisted "
                          "shard files (then verify again)." if report.parts else
-                         f"Repair: run {here} on {root}: it removes the unlisted shard files.") + move
+                         f"Repair: run {here} on {root}: it removes the unlisted shard files and rewrites the card, "
+                         f"{META_FILE} and rejects.jsonl from the part records.") + move
         if mark and not quick:
             mark_damaged(root, damage_of(problems))
     else:

@@ -15,9 +15,10 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from hs_dataset.errors import ConfigError, MissingPathError
+from hs_dataset.integrity.redact import redact_text
 from hs_dataset.layout import utf8_safe
 
-__all__ = ["SourceSpec", "count_rows", "dataset_name", "load_json_rows", "load_source_dataset", "resolve_source",
+__all__ = ["SourceSpec", "count_rows", "dataset_name", "id_name", "load_json_rows", "load_source_dataset", "resolve_source",
            "rows_to_build", "source_fingerprint", "source_name", "source_path"]
 
 _CHUNK = 1 << 20
@@ -29,6 +30,24 @@ class SourceSpec:
     path: str
     split: str | None
     name: str  # valid UTF-8: a file name's undecodable bytes are escaped (layout.utf8_safe)
+    # The file name looks like it holds a credential: the ids use ``source-<hash>`` instead of it.
+    name_redacted: bool = False
+
+
+def _spec(kind: str, path: str, split: str | None, raw_name: str) -> SourceSpec:
+    """A spec whose ``name`` (the sample ids' prefix) holds no credential (see :func:`id_name`)."""
+    name, redacted = id_name(raw_name)
+    return SourceSpec(kind, path, split, name, redacted)
+
+
+def id_name(raw: str) -> tuple[str, bool]:
+    """The name sample ids are made of: ``raw`` as valid UTF-8, or ``source-<sha256[:12]>`` when ``raw`` looks
+    like it holds a credential (an ``hf_...`` token, ``user:password@``, ``api_key=...``: anything
+    :func:`hs_dataset.integrity.redact.redact_text` would redact). -> (name, whether it was replaced)."""
+    name = utf8_safe(raw)
+    if redact_text(name)[1]:
+        return "source-" + hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:12], True
+    return name, False
 
 
 def resolve_source(source: str | os.PathLike[str]) -> SourceSpec:
@@ -39,19 +58,19 @@ def resolve_source(source: str | os.PathLike[str]) -> SourceSpec:
         if not path:
             raise ConfigError(f"source {text!r}: expected 'hf:<path_or_name>[:split]'")
         name = Path(path.rstrip("/")).name or path
-        return SourceSpec("hf", path, split or None, utf8_safe(name))
+        return _spec("hf", path, split or None, name)
     p = Path(text)
     if not p.exists():
         # "dir:split" for a DatasetDict saved to disk.
         head, sep, split = text.rpartition(":")
         if sep and head and Path(head).is_dir():
-            return SourceSpec("disk", head, split or None, utf8_safe(Path(head).name))
+            return _spec("disk", head, split or None, Path(head).name)
         raise MissingPathError(
             f"source {text!r} does not exist; give a .jsonl/.json/.parquet file, a directory saved "
             "with datasets' save_to_disk (optionally 'dir:split'), or 'hf:<path_or_name>[:split]'", path=text,
             field="source")
     if p.is_dir():
-        return SourceSpec("disk", text, None, utf8_safe(p.name))
+        return _spec("disk", text, None, p.name)
     suffix = p.suffix.lower()
     kinds = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet"}
     if suffix not in kinds:
@@ -59,7 +78,7 @@ def resolve_source(source: str | os.PathLike[str]) -> SourceSpec:
             f"source {text!r}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet, "
             "or load it through 'hf:<path>'"
         )
-    return SourceSpec(kinds[suffix], text, None, utf8_safe(p.stem))
+    return _spec(kinds[suffix], text, None, p.stem)
 
 
 def source_path(source: str | os.PathLike[str]) -> Path | None:

@@ -13,7 +13,8 @@ in-memory tables) is writable already and is viewed as it is.
 
 Which file and offset an address belongs to comes from ``/proc/self/maps``, read once per
 :class:`SafeViews` (a read keeps the mappings of the tables it reads alive). Linux only: elsewhere
-every value is copied.
+every value is copied. Before the first value of a build's shard is handed out, the shard's content
+hash is checked against the build's record (:mod:`hs_dataset.read.shard_checks`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from hs_dataset.read.shard_checks import ensure_intact
 
 __all__ = ["MIN_MAP_BYTES", "SafeViews", "libc_madvise"]
 
@@ -151,9 +154,15 @@ class SafeViews:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             return _COPY
-        if os.fstat(fd).st_ino != inode:  # the path now names another file than the one mapped
+        st = os.fstat(fd)
+        if st.st_ino != inode:  # the path now names another file than the one mapped
             os.close(fd)
             return _COPY
+        try:
+            ensure_intact(os.fsdecode(path), st)  # a damaged shard's rows are never handed out
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def tensor(self, arr: np.ndarray) -> torch.Tensor:

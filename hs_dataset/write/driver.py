@@ -31,6 +31,7 @@ same command ends with the same rows as an uninterrupted build:
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import os
 import shutil
 import time
@@ -45,18 +46,22 @@ from hs_dataset.write.output import check_output, lock_output, output_error
 from hs_dataset.write.parts import commit_part, generate_part
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import resolve_build
-from hs_dataset.write.resume import check_resume, check_shrink, invalidate_finished, part_ranges, part_record, recover
+from hs_dataset.write.resume import (check_resume, check_shrink, full_check, invalidate_finished, part_ranges, part_record,
+                                     recover)
 from hs_dataset.write.shares import WorkerShare, begin_share, finish_share
 from hs_dataset.capture.backends import make_backend
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import BuildInterrupted
+from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.integrity.redact import record_redacted, redact, redact_command
 from hs_dataset.layout import DATA_DIR, STATE_DIR
-from hs_dataset.prepare.source_spec import rows_to_build, source_fingerprint
+from hs_dataset.prepare.source_spec import resolve_source, rows_to_build, source_fingerprint
 from hs_dataset.records import Counts
 
 __all__ = ["BuildSummary", "build"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -136,7 +141,10 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         info, layers = resolved.info, resolved.layers
         key = dict(config.content_key(), source_fingerprint=source_fingerprint(config.source),
                    hidden_size=info.hidden_size, num_layers=info.num_layers)
-        check_resume(state, key)
+        check_resume(state, redact(key)[0])  # local records hold no credential either
+        if resolve_source(config.source).name_redacted:
+            logger.warning("hs_dataset: the source's name looks like it holds a credential: its sample ids use %s "
+                           "instead (hs_dataset.json says so)", resolve_source(config.source).name)
         record_redacted(state, secrets)  # salted digests only: push scans its uploads for them
 
         n = rows_to_build(config.source, config.max_samples)
@@ -146,6 +154,11 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         if share is not None:  # one worker's share of the parts (hs_dataset.scale)
             parts = begin_share(state, share, parts, n, config, info, layers, build_command)
         done = recover(out, state, parts)
+        if done and len(done) == len(parts):  # nothing left to build: trust no part unhashed before saying done
+            damaged = full_check(out, state, parts)
+            if damaged:
+                mark_damaged(out, damaged)
+                done = recover(out, state, parts)
         todo = [p for p in parts if p[0] not in done]
         bar = BuildProgress(sum(p[2] - p[1] for p in parts), sum(p[2] - p[1] for p in parts if p[0] in done), progress,
                             parts_total=len(parts), parts_done=len(done))

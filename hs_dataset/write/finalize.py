@@ -23,9 +23,12 @@ from hs_dataset.write.resolve import ResolvedBuild
 from hs_dataset.write.resume import part_record
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.errors import EmptyBuildError
+from hs_dataset.integrity.metadata import REJECTS_HASH_KEY, rejects_digest
 from hs_dataset.integrity.redact import redact
 from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, state_columns
+from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.model_info import LAYER_CONVENTION
+from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.records import Counts
 
 __all__ = ['FORMAT_VERSION', 'check_outputs', 'finalize', 'versions']
@@ -65,7 +68,8 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
         record_versions = r.get("backend_versions") or record_versions
     counts.check()
     check_outputs(out, files)
-    atomic_write(out / REJECTS_FILE, "".join(json.dumps(r) + "\n" for r in rejects))
+    rejects_text = "".join(json.dumps(r) + "\n" for r in rejects)
+    atomic_write(out / REJECTS_FILE, rejects_text)
     if not counts.written:  # nothing to load: not marked finished (no hs_dataset.json)
         why = (f"all {counts.samples_in} samples were rejected ({out / REJECTS_FILE} says why)" if counts.samples_in
                else f"the source {config.source} has no rows (max_samples: {config.max_samples})")
@@ -95,6 +99,7 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
         "mask": config.mask,
         "truncation": config.truncation,
         "source": config.source,
+        "sample_ids": _sample_ids(config),
         "counts": dataclasses.asdict(counts),
         "bytes": nbytes,
         "files": len(files),
@@ -104,6 +109,7 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
                     previous.get("backend", {}).get("versions") or {**versions(None), **record_versions}},
         "build_command": build_command or previous.get("build_command"),
         "config": config.to_dict(),
+        REJECTS_HASH_KEY: rejects_digest(rejects_text),
         "shards": files,  # name, bytes, rows, xxh3_128, edges_xxh3_128 (hs_dataset.integrity.checksums)
     }
     meta, _ = redact(meta)  # credentials at any depth, URL user-info: '***' (hs_dataset.integrity.redact)
@@ -112,6 +118,15 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
     atomic_write(out / README_FILE, render_readme(meta, str(out)))
     atomic_write(meta_path, text)  # last: hs_dataset.json exists only for a finished build
     return counts
+
+
+def _sample_ids(config: HiddenStatesConfig) -> str:
+    """How the build's sample ids were made (recorded: a reader can tell where a row came from)."""
+    if config.sample_id == "hash":
+        return "the first 16 hex digits of the sha256 of each source row"
+    spec = resolve_source(config.source)
+    why = " (the source's file name looks like it holds a credential, so it is not used)" if spec.name_redacted else ""
+    return f"{spec.name}:<row index>{why}"
 
 
 def check_outputs(out: Path, files: list[dict]) -> None:

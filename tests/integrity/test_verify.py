@@ -105,23 +105,34 @@ def test_a_damaged_shard_is_named_refused_and_repaired(finished, tiny_model, bac
     assert content_hash(out) == ref_hash
 
 
-def test_a_flip_beyond_the_quick_check_is_marked_by_verify_and_then_rebuilt(tiny_model, backend, tmp_path):
-    """A resumed build checks 2 MiB of each shard; a bit flipped in the middle of a larger shard is
-    found by the full check (verify, push), which marks the part: the next build rebuilds it."""
-    cfg = config(tiny_model, part_size=48, max_samples=64)
-    ref, out = tmp_path / "ref", tmp_path / "out"
-    build(cfg, ref, backend=backend, progress=False)
-    build(cfg, out, backend=backend, progress=False)
-    shard = out / "data" / "train-00000-000.arrow"
+def flip_middle(shard: Path) -> None:
     size = shard.stat().st_size
-    assert size > 3 * 2**20  # the middle is beyond the first and last MiB
     with open(shard, "r+b") as f:
         f.seek(size // 2)
         b = f.read(1)
         f.seek(size // 2)
         f.write(bytes([b[0] ^ 1]))
+
+
+def test_a_flip_beyond_the_quick_check_is_found_by_verify_by_a_rerun_and_by_the_readers(tiny_model, backend,
+                                                                                         tmp_path):
+    """A resumed build checks 2 MiB of each shard it keeps while it builds others; a bit flipped in the
+    middle of a larger shard is found by the full check: of verify and push (which mark the part), of a
+    rerun with nothing left to build (which rebuilds it), and of the readers before they hand out a row."""
+    from hs_dataset.read import TORCH_FORMAT, iter_torch
+
+    cfg = config(tiny_model, part_size=48, max_samples=64)
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    build(cfg, ref, backend=backend, progress=False)
+    build(cfg, out, backend=backend, progress=False)
+    shard = out / "data" / "train-00000-000.arrow"
+    assert shard.stat().st_size > 3 * 2**20  # the middle is beyond the first and last MiB
+    flip_middle(shard)
     assert verify_build(out, quick=True).ok  # the documented blind spot of the quick check
-    assert build(cfg, out, backend=backend, progress=False).parts_built == 0
+    with pytest.raises(IntegrityError, match="train-00000-000.arrow: its content hash differs"):
+        next(iter(iter_torch(open_dataset(out))))
+    with pytest.raises(IntegrityError, match="train-00000-000.arrow"):
+        open_dataset(out).with_format(TORCH_FORMAT)[0]
 
     r = subprocess.run([sys.executable, "-m", "hs_dataset.cli", "verify", str(out)], capture_output=True, text=True)
     assert r.returncode == 1 and "train-00000-000.arrow" in r.stdout and "content hash" in r.stdout, r.stdout + r.stderr
@@ -130,9 +141,49 @@ def test_a_flip_beyond_the_quick_check_is_marked_by_verify_and_then_rebuilt(tiny
     s = build(cfg, out, backend=backend, progress=False)
     assert (s.parts_built, s.parts_skipped) == (1, 1)
     assert verify_build(out).ok and content_hash(out) == content_hash(ref)
+
+    flip_middle(shard)  # again, and no verify first: the rerun itself, with nothing to build, finds it
+    s = build(cfg, out, backend=backend, progress=False)
+    assert (s.parts_built, s.parts_skipped) == (1, 1)
+    assert verify_build(out).ok and content_hash(out) == content_hash(ref)
     r = subprocess.run([sys.executable, "-m", "hs_dataset.cli", "verify", str(out), "--quick"], capture_output=True,
                        text=True)
     assert r.returncode == 0 and "all match" in r.stdout
+
+
+@pytest.mark.parametrize("change", ["features", "rejects"])
+def test_the_card_and_rejects_are_verified_before_a_push(finished, tiny_model, backend, tmp_path, change):
+    """Everything a push uploads is checked: the card's front matter (the features load_dataset reads)
+    and rejects.jsonl must be what hs_dataset.json says; the rerun of the build rewrites them."""
+    ref, _ = finished
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    if change == "features":
+        readme = out / "README.md"
+        text = readme.read_text()
+        assert "dtype: uint16" in text
+        readme.write_text(text.replace("dtype: uint16", "dtype: int32", 1))
+        named = "README.md"
+    else:
+        with open(out / "rejects.jsonl", "a") as f:
+            f.write(json.dumps({"sample_id": "x:1", "field": "row", "reason": "made up", "stage": "source"}) + "\n")
+        named = "rejects.jsonl"
+    report = verify_build(out)
+    assert not report.ok and [p.path for p in report.problems] == [named], report.message()
+    assert ("int32" in report.message()) == (change == "features")
+    with running_hub(tmp_path) as hub, hub_client_env(hub, tmp_path / "home", token=TOKEN):
+        before = hub.dump_state()
+        with pytest.raises(IntegrityError, match=named.replace(".", r"\.")):
+            push_dataset(out, REPO, "v1.0")
+        assert hub.dump_state() == before
+    r = subprocess.run([sys.executable, "-m", "hs_dataset.cli", "verify", str(out)], capture_output=True, text=True)
+    assert r.returncode == 1 and named in r.stdout
+    assert build(config(tiny_model), out, backend=backend, progress=False).parts_built == 0  # rewrites them
+    assert verify_build(out).ok
+    if change == "rejects":
+        assert (out / named).read_bytes() == (ref / named).read_bytes()
+    else:  # the card names its own folder; its front matter is the reference build's
+        assert (out / named).read_text().split("\n---\n")[0] == (ref / named).read_text().split("\n---\n")[0]
 
 
 def test_a_published_version_is_verified_after_download(finished, tmp_path):

@@ -101,19 +101,64 @@ def test_push_refuses_a_file_holding_a_redacted_value(tiny_model, backend, tmp_p
           out, backend=backend, progress=False)
     meta = json.loads((out / "hs_dataset.json").read_text())
     assert meta["backend"]["options"]["auth"] == {"password": "***"}
-    original = (out / "rejects.jsonl").read_text()
-    with open(out / "rejects.jsonl", "a") as f:
-        f.write(json.dumps({"sample_id": "x", "field": "f", "reason": f"login with pw={URL_PASSWORD}!"}) + "\n")
+    # pasted into hs_dataset.json by hand: a key verify does not check, so the scan is what refuses it
+    meta["notes"] = [f"login with pw {URL_PASSWORD}!"]
+    (out / "hs_dataset.json").write_text(json.dumps(meta, indent=1))
     with running_hub(tmp_path) as hub, hub_client_env(hub, tmp_path / "home", token=TOKEN):
         with pytest.raises(SecretLeakError) as e:
             push_dataset(out, REPO, "v1.0")
         assert hub.dump_state() == {}
-    assert "rejects.jsonl" in str(e.value) and "backend_options.auth.password" in str(e.value)
+    assert "hs_dataset.json" in str(e.value) and "backend_options.auth.password" in str(e.value)
     assert URL_PASSWORD not in str(e.value)
-    (out / "rejects.jsonl").write_text(original)
+    meta.pop("notes")
+    (out / "hs_dataset.json").write_text(json.dumps(meta, indent=1))
     with running_hub(tmp_path / "again") as hub, hub_client_env(hub, tmp_path / "home2", token=TOKEN):
         with pytest.raises(SecretLeakError, match="given to push"):  # and values given to push directly
             push_dataset(out, REPO, "v1.0", secrets=[Path(tiny_model).name])  # in hs_dataset.json
+
+
+NAME_TOKEN = "hf_" + "NameLooksLikeAToken0123456789AAAA1234"
+TOK_PASSWORD = "tokpw-hunter2-91c3"
+REV_PASSWORD = "revision-pw-44a0e1"
+REV_KEY = "revision-key-7f2b90"
+
+
+def test_credentials_in_names_and_paths_reach_no_file(tiny_model, backend, tmp_path):
+    """A source file named like a token, a tokenizer path holding ``tok_password=...`` and a model revision
+    URL with user-info and an ``api_key``: no published byte (shard ids included) and no local record
+    holds any of them; the ids use a safe name, and the build says so."""
+    import shutil
+
+    from hs_dataset.write.driver import build
+    from tests.fixtures.builds import DEMO, config
+
+    work = tmp_path / "work"
+    (work / "src").mkdir(parents=True)
+    source = work / "src" / f"{NAME_TOKEN}.jsonl"
+    shutil.copy(DEMO, source)
+    tokenizer = work / f"tok_password={TOK_PASSWORD}"
+    shutil.copytree(tiny_model, tokenizer, ignore=shutil.ignore_patterns("*.safetensors"))
+    revision = f"https://hsuser:{REV_PASSWORD}@models.example/m?api_key={REV_KEY}&v=1"
+    out = work / "out"
+    build(config(tiny_model, source=str(source), max_samples=6, tokenizer=str(tokenizer), model_revision=revision),
+          out, backend=backend, progress=False, build_command=f"hs-dataset build demo --set tokenizer={tokenizer}")
+    meta = json.loads((out / "hs_dataset.json").read_text())
+    assert meta["sample_ids"].startswith("source-") and "credential" in meta["sample_ids"]
+    with running_hub(work / "hub") as hub, hub_client_env(hub, work / "home", token=TOKEN):
+        push_dataset(out, REPO, "v1.0")
+        state = json.dumps(hub.dump_state()) + repr(hub.request_log)
+        ids = set(__import__("datasets").load_dataset(REPO, revision="v1.0", split="train",
+                                                      cache_dir=str(work / "cache"))["id"])
+    assert ids and all(i.startswith("source-") for i in ids)
+    texts = {"hub state": state}
+    for path in sorted(work.rglob("*")):  # the build (its local records included), the Hub's objects, the caches
+        if path.is_file() and path.name != "redacted.json" and not path.is_relative_to(work / "src") \
+                and not path.is_relative_to(tokenizer):
+            texts[str(path)] = path.read_bytes().decode("latin-1")
+    assert len(texts) > 20
+    for where, text in texts.items():
+        for secret in (NAME_TOKEN, TOK_PASSWORD, REV_PASSWORD, REV_KEY):
+            assert secret not in text, f"{secret} found in {where}"
 
 
 def test_what_counts_as_a_credential():

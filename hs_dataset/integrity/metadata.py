@@ -1,0 +1,87 @@
+"""Everything a push uploads besides the shards must agree with ``hs_dataset.json``: the card's front
+matter (what ``load_dataset`` reads: ``configs``, ``dataset_info`` with the features), ``rejects.jsonl``
+(its lines and content hash), and ``hs_dataset.json`` itself (its columns, dtype and counts).
+
+A changed feature in the card (``uint16`` turned into ``int32``) makes ``load_dataset`` hand out numbers
+that are not the stored bits; a changed ``rejects.jsonl`` misreports what was left out. Each is a
+:class:`~hs_dataset.integrity.verify.Problem` of ``verify`` (and so of ``push``, which verifies first);
+running the build command again rewrites them from the part records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import xxhash
+import yaml
+
+from hs_dataset.write.card import readme_header, split_readme
+from hs_dataset.layout import META_FILE, README_FILE, REJECTS_FILE, STORAGE_DTYPES, state_columns
+
+__all__ = ["REJECTS_HASH_KEY", "check_metadata", "rejects_digest"]
+
+REJECTS_HASH_KEY = "rejects_xxh3_128"  # in hs_dataset.json: rejects.jsonl's content hash
+
+
+def rejects_digest(text: str) -> str:
+    """The xxh3-128 of ``rejects.jsonl``'s text, as recorded in ``hs_dataset.json``."""
+    return xxhash.xxh3_128(text.encode("utf-8")).hexdigest()
+
+
+def _front_matter(readme: str) -> dict[str, Any] | None:
+    header, _ = split_readme(readme)
+    if not header:
+        return None
+    try:
+        parsed = yaml.safe_load(header.strip().strip("-"))
+    except yaml.YAMLError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _differences(found: Any, want: Any, where: str = "") -> list[str]:
+    """Where two parsed YAML documents differ: ``dataset_info.features[3].dtype: 'int32' instead of 'uint16'``."""
+    if isinstance(found, dict) and isinstance(want, dict):
+        out = []
+        for k in sorted(set(found) | set(want), key=str):
+            out += _differences(found.get(k), want.get(k), f"{where}.{k}" if where else str(k))
+        return out
+    if isinstance(found, list) and isinstance(want, list) and len(found) == len(want):
+        return [d for i, (a, b) in enumerate(zip(found, want)) for d in _differences(a, b, f"{where}[{i}]")]
+    return [] if found == want else [f"{where}: {found!r} instead of {want!r}"]
+
+
+def check_metadata(root: Path, meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(file, what is wrong)`` for each of the card, ``rejects.jsonl`` and ``hs_dataset.json`` that does not
+    agree with ``hs_dataset.json`` (empty: they all do)."""
+    problems: list[tuple[str, str]] = []
+    layers = meta.get("layers")
+    if isinstance(layers, list) and meta.get("columns") not in (None, state_columns(layers)):
+        problems.append((META_FILE, f"lists columns {meta.get('columns')} for layers {layers}"))
+    if meta.get("storage_dtype", "bfloat16") not in STORAGE_DTYPES:
+        problems.append((META_FILE, f"has storage_dtype {meta.get('storage_dtype')!r}"))
+    counts = meta.get("counts") or {}
+    readme = root / README_FILE
+    if readme.is_file():
+        found = _front_matter(readme.read_text(encoding="utf-8"))
+        want = _front_matter(readme_header(meta, int(counts.get("written", 0)), int(meta.get("bytes", 0)),
+                                           (meta.get("config") or {}).get("file_format", "arrow")))
+        if found is None:
+            problems.append((README_FILE, "has no YAML front matter (load_dataset reads configs: and dataset_info:)"))
+        else:
+            diff = _differences(found, want)
+            if diff:
+                shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
+                problems.append((README_FILE, f"front matter differs from what {META_FILE} implies ({shown})"))
+    rejects = root / REJECTS_FILE
+    if REJECTS_HASH_KEY in meta or rejects.exists():
+        text = rejects.read_text(encoding="utf-8") if rejects.is_file() else None
+        lines = None if text is None else sum(1 for line in text.splitlines() if line.strip())
+        if text is None:
+            problems.append((REJECTS_FILE, "is missing"))
+        elif "rejected" in counts and lines != int(counts["rejected"]):
+            problems.append((REJECTS_FILE, f"holds {lines} rejects, {META_FILE} counts {counts['rejected']}"))
+        elif REJECTS_HASH_KEY in meta and rejects_digest(text) != meta[REJECTS_HASH_KEY]:
+            problems.append((REJECTS_FILE, f"its content hash differs from the recorded {REJECTS_HASH_KEY}"))
+    return problems
