@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import traceback
 
 from hs_dataset._version import __version__
@@ -36,10 +38,12 @@ from hs_dataset.cli.plan import register as register_plan
 from hs_dataset.cli.scale import register as register_scale
 from hs_dataset.errors import BuildInterrupted, HsDatasetError
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_USER_ERROR", "cmd_build", "load_preset", "main", "make_parser", "parse_value"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_USER_ERROR", "cmd_build", "load_preset", "main", "make_parser",
+           "parse_value", "run"]
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a process killed by SIGTERM reports
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cmd | head` gives for any other command
 
 
@@ -75,9 +79,24 @@ def _silence_stdout() -> None:
         pass
 
 
+class _Terminated:
+    """SIGTERM (what Slurm sends on preemption, and `kill`): ends the command as Ctrl-C does."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; return its exit status (2: an error the message says how to fix, 130: Ctrl-C)."""
+    """Run one command; return its exit status (2: an error the message says how to fix, 130: Ctrl-C,
+    143: SIGTERM; after either, the same command resumes a build)."""
     a: argparse.Namespace | None = None
+    terminated = _Terminated()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, terminated) if main_thread else None
     try:
         a = make_parser().parse_args(dash_version(sys.argv[1:] if argv is None else list(argv)))
         status = a.fn(a)
@@ -92,16 +111,39 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         if _debug(a):
             traceback.print_exc()
+        what = "terminated (SIGTERM)" if terminated.seen else "interrupted"
         if isinstance(e, BuildInterrupted) and e.parts_total:
-            print(f"\nhs-dataset: interrupted after {e.parts_done} of {e.parts_total} parts; run the same command "
+            print(f"\nhs-dataset: {what} after {e.parts_done} of {e.parts_total} parts; run the same command "
                   "again to resume", file=sys.stderr)
         else:
-            print("\nhs-dataset: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+            print(f"\nhs-dataset: {what}", file=sys.stderr)
+        return EXIT_TERMINATED if terminated.seen else EXIT_INTERRUPTED
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def run() -> None:
+    """The ``hs-dataset`` command: :func:`main`, then exit with its status.
+
+    After SGLang ran in this process, the exit skips the interpreter's teardown (stdout and stderr are
+    flushed first, every file of the build is fsynced already): its leftovers (asyncio tasks, a
+    resource tracker its shutdown killed) would print tracebacks and logging errors after the summary,
+    and a successful build must end with its summary line.
+    """
+    status = main()
+    if "sglang" in sys.modules:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

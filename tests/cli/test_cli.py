@@ -124,7 +124,9 @@ def test_unexpected_errors_keep_their_traceback(tiny_model, tmp_path):
     assert r.returncode == 1 and "Traceback" in r.stderr and "a bug in the builder script" in r.stderr
 
 
-def test_ctrl_c_says_how_to_resume_and_the_same_command_does(tiny_model, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_say_how_to_resume_and_the_same_command_does(tiny_model, tmp_path, sig):
+    """Ctrl-C, and SIGTERM (what Slurm sends a preempted job): parts kept, one line, the rerun resumes."""
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "hs_dataset.cli", "build", SCRIPT, "--model", tiny_model, "--max-samples", "16",
             "--set", "part_size=2", "-o", str(out)]
@@ -133,10 +135,11 @@ def test_ctrl_c_says_how_to_resume_and_the_same_command_does(tiny_model, tmp_pat
     while not (out / STATE_DIR / "parts" / "part-00001.json").exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
-    m = re.search(r"^hs-dataset: interrupted after (\d+) of 8 parts; run the same command again to resume$",
+    code, what = (130, "interrupted") if sig == signal.SIGINT else (143, r"terminated \(SIGTERM\)")
+    assert proc.returncode == code and "Traceback" not in err, err[-3000:]
+    m = re.search(rf"^hs-dataset: {what} after (\d+) of 8 parts; run the same command again to resume$",
                   err.strip().splitlines()[-1])
     assert m and int(m.group(1)) >= 2, err[-2000:]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300)

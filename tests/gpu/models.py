@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 
@@ -145,3 +146,11 @@ def make_kimi_k25(out: str | Path, seed=0, *, hidden=512, vocab=32000) -> Path:
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=1))  # last: the directory is complete
     return out
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """The tiny Llama, DeepSeek-V3 and Kimi-K2.5 checkpoints the GPU tests run, made once per session (on the GPU)."""
+    root = tmp_path_factory.mktemp("models")
+    return {"llama": str(make_llama(root / "tiny-llama")), "dsv3": str(make_dsv3(root / "tiny-dsv3")),
+            "kimi": str(make_kimi_k25(root / "tiny-kimi-k25"))}

@@ -59,15 +59,6 @@ def _dump():
     REPORT.write_text(json.dumps(_report, indent=1))
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    from tests.gpu.models import make_dsv3, make_kimi_k25, make_llama
-
-    root = tmp_path_factory.mktemp("models")
-    return {"llama": str(make_llama(root / "tiny-llama")), "dsv3": str(make_dsv3(root / "tiny-dsv3")),
-            "kimi": str(make_kimi_k25(root / "tiny-kimi-k25"))}
-
-
 def mixed_samples(n: int = 40, seed: int = 0) -> list[TokenizedSample]:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(3, 700, size=n)

@@ -148,12 +148,16 @@ class SGLangBackend(RingClient):
         man = Path(self.dir, MANIFEST)
         while not man.exists():
             if err.exists():
-                raise BackendError("the hs_dataset SGLang plugin failed in the scheduler:\n" + err.read_text())
+                lines = [line for line in err.read_text().splitlines() if line.strip()]
+                raise BackendError("the hs_dataset SGLang plugin failed in the scheduler: " + (lines[-1] if lines else
+                                                                                              "(no message)"))
             if time.monotonic() > deadline:
+                if isinstance(self.server, AttachedServer):
+                    raise self.server.not_ready(str(self.dir))
                 raise BackendError(
                     f"the hs_dataset SGLang plugin did not report ready in {self.dir}: is hs_dataset pip-installed "
-                    "in SGLang's environment (entry point sglang.srt.plugins: hs_dataset_capture), SGLANG_PLUGINS "
-                    "allowing it, and (attach mode) the server started with HS_DATASET_CAPTURE naming this ring_dir?")
+                    "in SGLang's environment (entry point sglang.srt.plugins: hs_dataset_capture) and SGLANG_PLUGINS "
+                    "allowing it?")
             time.sleep(0.1)
         m = json.loads(man.read_text())
         if list(m["layers"]) != list(self.layers):

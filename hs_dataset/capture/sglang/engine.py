@@ -3,8 +3,21 @@
 The engine's event loop runs on a thread of ours; requests are its ``async_generate`` coroutines.
 The radix cache stays disabled (a prefix hit skips computing those positions, so their hidden
 states would not exist) and prefill CUDA graphs off (they would replay passes without the
-plugin's hooks); decode graphs are unaffected. SGLang's own processes (schedulers, TP workers, the
-detokenizer) are watched: one that dies ends the build with a :class:`~hs_dataset.errors.BackendError`.
+plugin's hooks); decode graphs are unaffected.
+
+Faults:
+
+* a scheduler, TP worker or detokenizer that dies: SGLang's watchdog sends this process SIGQUIT,
+  whose default handler kills the whole process tree, the builder included, without a word. The
+  engine is started with SGLang's own ``custom_sigquit_handler`` option instead, which only notes it;
+  :meth:`OwnEngine.alive` (polled about every 0.1 s while a request is due) then raises one
+  :class:`~hs_dataset.errors.BackendError` naming the process and how it ended, the build stops and
+  keeps its finished parts;
+* this process dying: SGLang's schedulers and detokenizer die with it (their ``PR_SET_PDEATHSIG``);
+* a failed start (out of GPU memory, a model SGLang cannot load, a port in use): one line saying
+  which, and what to change (:func:`start_error`).
+
+SGLang logs at ``warning`` level (``--debug`` / ``HS_DATASET_DEBUG=1``: ``info``).
 """
 
 from __future__ import annotations
@@ -14,14 +27,67 @@ import concurrent.futures as cf
 import dataclasses
 import json
 import os
+import signal
 import threading
+from pathlib import Path
 from typing import Any
 
-from hs_dataset.capture.sglang.versions import engine_processes
-from hs_dataset.capture.transport import ENV
+from hs_dataset.capture.processes import describe_exit
+from hs_dataset.capture.sglang.versions import engine_processes, sigquit_option, watched_children
+from hs_dataset.capture.transport import ENV, SCHEDULER_ERROR
 from hs_dataset.errors import BackendError
 
-__all__ = ["OwnEngine"]
+__all__ = ["CHILD_DIED", "OwnEngine", "on_sigquit", "scheduler_error", "start_error"]
+
+DEBUG_ENV = "HS_DATASET_DEBUG"
+CHILD_DIED = threading.Event()  # set by on_sigquit: SGLang's watchdog saw one of its processes die
+
+
+def on_sigquit(signum: int, frame: Any) -> None:
+    """The engine's SIGQUIT handler (SGLang's ``custom_sigquit_handler``): note that a child died; the build's
+    liveness check (:meth:`OwnEngine.alive`) says which and stops the build. A module-level function: SGLang
+    pickles its server arguments for its child processes."""
+    CHILD_DIED.set()
+
+
+def _kill_children() -> None:
+    """SGLang processes left by a failed start (they would hold the GPU)."""
+    for p in engine_processes():
+        try:
+            p.kill()
+        except Exception:  # psutil.NoSuchProcess and kin: it is gone already
+            pass
+
+
+def scheduler_error(ring_dir: str | os.PathLike) -> str | None:
+    """The last line of the exception SGLang's scheduler logged, as the plugin kept it (None: none)."""
+    try:
+        return str(json.loads(Path(ring_dir, SCHEDULER_ERROR).read_text())["line"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def start_error(e: BaseException, args: dict[str, Any], cause: str | None = None) -> BackendError:
+    """What a failed ``sglang.Engine`` start means, in one line with the fix (``cause``: the scheduler's
+    own exception, when it logged one: SGLang's error then only says "see the messages above")."""
+    text = " ".join((f"{cause} ({e})" if cause else str(e)).split())
+    low = text.lower()
+    model = args.get("model_path")
+    if "out of memory" in low or "not enough memory" in low or "memory capacity is unbalanced" in low \
+            or "max_total_num_tokens" in low or "kv cache" in low and "memory" in low:
+        frac = args.get("mem_fraction_static", "SGLang's default")
+        return BackendError(f"SGLang could not start: the model and its KV cache do not fit in GPU memory at "
+                            f"mem_fraction_static={frac} ({text[:300]}): free the GPU, change "
+                            "backend_options.engine_args.mem_fraction_static, or use more GPUs (tp_size)")
+    if "address already in use" in low or "errno 98" in low:
+        return BackendError(f"SGLang could not start: a port it needs is in use ({text[:300]}): stop what holds it, "
+                            "or set backend_options.engine_args.port to a free one")
+    if isinstance(e, (OSError, ValueError, KeyError)) or "config" in low or "safetensors" in low:
+        return BackendError(f"SGLang could not load the model directory {model} ({type(e).__name__}: {text[:300]}): "
+                            "check that it holds the model's config.json and weights, and that this SGLang supports "
+                            "its architecture")
+    return BackendError(f"SGLang could not start ({type(e).__name__}: {text[:400]}); see SGLang's log above "
+                        "(--debug shows more)")
 
 
 class OwnEngine:
@@ -34,7 +100,7 @@ class OwnEngine:
         engine_args: more ``sglang.Engine`` arguments (they win over the defaults).
 
     Raises:
-        BackendError: ``disable_radix_cache=False`` was asked for.
+        BackendError: ``disable_radix_cache=False`` was asked for, or the engine could not start.
     """
 
     remote = False
@@ -42,8 +108,7 @@ class OwnEngine:
 
     def __init__(self, model: str, layers: tuple[int, ...], *, ring_dir: str, ring_token: str, rid_prefix: str,
                  tp_size: int = 1, chunked_prefill_size: int | None = None, engine_args: dict[str, Any] | None = None):
-
-        import sglang as sgl  # deferred: SGLang is optional (pip install 'hs-dataset[sglang]')
+        import sglang as sgl  # optional: pip install 'hs-dataset[sglang]'
         from sglang.srt.server_args import ServerArgs  # optional: pip install 'hs-dataset[sglang]'
 
         os.environ[ENV] = json.dumps({"layers": list(layers), "dir": ring_dir, "rid_prefix": rid_prefix,
@@ -51,18 +116,31 @@ class OwnEngine:
         allowed = os.environ.get("SGLANG_PLUGINS")
         if allowed and "hs_dataset_capture" not in allowed.split(","):
             os.environ["SGLANG_PLUGINS"] = allowed + ",hs_dataset_capture"
+        debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
         args: dict[str, Any] = dict(model_path=model, tp_size=tp_size, skip_tokenizer_init=True,
-                                    disable_radix_cache=True, log_level="warning")
+                                    disable_radix_cache=True, log_level="info" if debug else "warning")
         if "cuda_graph_backend_prefill" in {f.name for f in dataclasses.fields(ServerArgs)}:
             args["cuda_graph_backend_prefill"] = "disabled"  # replayed passes would skip the capture hooks
         if chunked_prefill_size is not None:
             args["chunked_prefill_size"] = int(chunked_prefill_size)
+        CHILD_DIED.clear()
+        option = sigquit_option()
+        if option is not None and threading.current_thread() is threading.main_thread():
+            args[option] = on_sigquit
         args.update(engine_args or {})
         if not args.get("disable_radix_cache", True):
             raise BackendError("disable_radix_cache=False: a radix-cache prefix hit skips computing those positions, "
                                "so their hidden states would not exist; leave the cache disabled")
-        self.engine = sgl.Engine(**args)
-        self._children = engine_processes()
+        try:
+            self.engine = sgl.Engine(**args)
+        except BackendError:
+            raise
+        except Exception as e:  # SGLang raises many kinds at start (RuntimeError, torch.OutOfMemoryError, OSError...)
+            _kill_children()
+            raise start_error(e, args, scheduler_error(ring_dir)) from e
+        self._ring_dir = ring_dir
+        self._children = watched_children(self.engine)
+        self._others = engine_processes()
         self.loop: asyncio.AbstractEventLoop = self.engine.loop
         self._loop_thread: threading.Thread | None = threading.Thread(
             target=self.loop.run_forever, name="hs_dataset-sglang-loop", daemon=True)
@@ -70,20 +148,33 @@ class OwnEngine:
 
     def submit(self, rid: str, ids: list[int], params: dict[str, Any]) -> cf.Future:
         """Send one request; its future gives SGLang's output dict."""
-
         return asyncio.run_coroutine_threadsafe(
             self.engine.async_generate(input_ids=ids, sampling_params=params, rid=rid), self.loop)
 
     def alive(self) -> None:
-        """Raise :class:`BackendError` when one of SGLang's processes has died."""
-        dead = [p for p in self._children if not p.is_running() or p.status() == "zombie"]
-        if dead:
-            raise BackendError(f"SGLang engine process(es) {[p.pid for p in dead]} died; the build stopped. "
-                               "See the SGLang log above; rerun the same command to resume.")
+        """Raise :class:`BackendError` naming the SGLang process that died, and how."""
+        for name, proc in self._children:
+            if not proc.is_alive() and proc.exitcode != 0:
+                cause = scheduler_error(self._ring_dir)
+                raise BackendError(f"SGLang's {name} process (pid {proc.pid}) {describe_exit(proc.exitcode)}"
+                                   + (f" after: {cause}" if cause else "") + "; the build stopped, its finished parts "
+                                   "are kept. Run the same command again to resume")
+        dead = [p for p in self._others if not p.is_running() or p.status() == "zombie"]
+        if dead or CHILD_DIED.is_set():
+            which = ", ".join(f"pid {p.pid}" for p in dead) or "a child process"
+            cause = scheduler_error(self._ring_dir)
+            raise BackendError(f"SGLang's engine lost {which} (" + (cause or "SGLang reported a failed child") +
+                               "); the build stopped, its finished parts are kept. Run the same command again to "
+                               "resume")
 
     def close(self) -> None:
-        """Stop the event loop, then the engine."""
+        """Cancel what is still pending on the engine's loop, stop the loop, then the engine."""
         if self._loop_thread is not None:
+            def cancel_all() -> None:
+                for task in asyncio.all_tasks(self.loop):
+                    task.cancel()
+
+            self.loop.call_soon_threadsafe(cancel_all)  # no "Task was destroyed but it is pending!" at exit
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._loop_thread.join(timeout=30)
             self._loop_thread = None
@@ -91,3 +182,5 @@ class OwnEngine:
             self.engine.shutdown()
         finally:
             os.environ.pop(ENV, None)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # our handler goes with the engine

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import traceback
 from pathlib import Path
@@ -42,7 +43,7 @@ import torch
 
 from hs_dataset.capture.sglang.ring_copy import Completer, S, atomic_json, copy_pass, ring_of
 from hs_dataset.capture.sglang.versions import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
-from hs_dataset.capture.transport import ENV, MANIFEST, PLUGIN_ERROR
+from hs_dataset.capture.transport import ENV, MANIFEST, PLUGIN_ERROR, SCHEDULER_ERROR
 
 __all__ = ["register"]
 
@@ -102,12 +103,37 @@ def register() -> None:
         for t in HOOK_TARGETS + PARALLEL_TARGETS:
             _resolve(t)
         S.config = cfg
+        _watch_scheduler_errors(cfg["dir"])
         HookRegistry.register(MODEL_RUNNER + ".load_model", _after_load_model, HookType.AFTER)
         HookRegistry.register(MODEL_RUNNER + ".forward", _around_forward, HookType.AROUND)
         HookRegistry.register(LOGITS_PROCESSOR + ".forward", _around_logits, HookType.AROUND)
     except BaseException:
         _plugin_error(cfg, traceback.format_exc())
         raise
+
+
+class _SchedulerErrors(logging.Handler):
+    """Keeps the last line of an exception SGLang's scheduler logs ("Scheduler hit an exception: ...") in
+    ``dir``, where the builder reads it: a failed start or a dead scheduler is then named by its cause
+    (not enough memory, an unloadable model...) instead of "see the messages above"."""
+
+    def __init__(self, directory: str):
+        super().__init__(level=logging.ERROR)
+        self.path = Path(directory, SCHEDULER_ERROR)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if "Scheduler hit an exception" not in text:
+                return
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            atomic_json(self.path, {"pid": os.getpid(), "line": lines[-1] if lines else text[:500]})
+        except Exception:  # a log handler never raises into SGLang
+            pass
+
+
+def _watch_scheduler_errors(directory: str) -> None:
+    logging.getLogger("sglang.srt.managers.scheduler").addHandler(_SchedulerErrors(directory))
 
 
 def _plugin_error(cfg: dict, text: str) -> None:

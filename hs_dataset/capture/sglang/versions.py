@@ -5,10 +5,13 @@ Imports nothing heavy: the plugin loads it in SGLang's scheduler process before 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from hs_dataset.errors import BackendError
 
 __all__ = ["MIN_SGLANG", "SUPPORTED_SGLANG", "TESTED_SGLANG", "check_sglang_version", "engine_processes",
-           "sglang_version_tuple"]
+           "sglang_version_tuple", "sigquit_option", "watched_children"]
 
 MIN_SGLANG = (0, 5, 11)  # the first release with the plugin framework (entry points + HookRegistry)
 TESTED_SGLANG = "0.5.17"  # what the GPU suite ran on
@@ -37,6 +40,27 @@ def check_sglang_version() -> str:
         raise BackendError(f"SGLang {sglang.__version__} is older than {need}, which added the plugin framework "
                            f"hs_dataset patches through: upgrade SGLang (tested: {SUPPORTED_SGLANG})")
     return sglang.__version__
+
+
+def watched_children(engine: Any) -> list[tuple[str, Any]]:
+    """``(name, multiprocessing.Process)`` of an in-process engine's children, as SGLang's own subprocess
+    watchdog lists them (``tokenizer_manager._subprocess_watchdog``, 0.5.17: scheduler_TP<i>, detokenizer):
+    their names and exit codes say what died. Empty where this SGLang keeps no such list."""
+    dog = getattr(getattr(engine, "tokenizer_manager", None), "_subprocess_watchdog", None)
+    procs, names = getattr(dog, "_processes", None), getattr(dog, "_names", None)
+    if not procs:
+        return []
+    return list(zip(names or [f"process {i}" for i in range(len(procs))], procs))
+
+
+def sigquit_option() -> str | None:
+    """The ``ServerArgs`` field that takes our SIGQUIT handler (``custom_sigquit_handler``, 0.5.17), if this
+    SGLang has one. Without it a child that dies makes SGLang kill this whole process tree, the builder
+    included, with no message."""
+    from sglang.srt.server_args import ServerArgs  # optional: pip install 'hs-dataset[sglang]'
+
+    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    return "custom_sigquit_handler" if "custom_sigquit_handler" in names else None
 
 
 def engine_processes() -> list:

@@ -8,12 +8,13 @@ import mmap
 import struct
 from dataclasses import dataclass
 
-__all__ = ["ENCODINGS", "ENV", "MANIFEST", "OWNER_LOCK", "PLUGIN_ERROR", "PLUGIN_STATS", "PRIVATE_DIR_PREFIX",
+__all__ = ["ENCODINGS", "ENV", "MANIFEST", "OWNER_LOCK", "PLUGIN_ERROR", "PLUGIN_STATS", "SCHEDULER_ERROR", "PRIVATE_DIR_PREFIX",
            "RING_PREFIX", "SlotInfo", "parse_rid", "region_bytes", "request_spans"]
 
 ENV = "HS_DATASET_CAPTURE"  # JSON {"layers": [...], "dir": "...", "rid_prefix": "...", "ring": token?} for the plugin
 MANIFEST = "plugin-manifest.json"
 PLUGIN_ERROR = "plugin-error.txt"
+SCHEDULER_ERROR = "scheduler-error.txt"  # the last line of an exception SGLang's scheduler logged (the plugin)
 PLUGIN_STATS = "plugin-stats.json"  # the plugin's running totals (TP rank 0), rewritten at most twice a second
 RING_PREFIX = "ring-"
 PRIVATE_DIR_PREFIX = "hs_dataset-"  # per-backend folders in /dev/shm (in-process engines)
