@@ -47,6 +47,6 @@ from hs_dataset.errors import RequestError, TransportError
 
 __all__ = [
     "ENCODINGS", "ENV", "MANIFEST", "MEMORY_FS", "PLUGIN_ERROR", "PLUGIN_STATS", "SCHEDULER_ERROR", "Lease",
-    "RequestError", "Ring", "RingWriter", "SlotInfo", "TransportError", "file_system_type", "parse_rid", "private_dir", "region_bytes",
-    "remove_stale", "request_spans",
+    "RequestError", "Ring", "RingWriter", "SlotInfo", "TransportError", "file_system_type", "parse_rid", "private_dir",
+    "region_bytes", "remove_stale", "request_spans",
 ]
