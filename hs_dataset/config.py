@@ -110,6 +110,8 @@ class HiddenStatesConfig:
                                         "tokenizer and processor need it; for the tokenizer, and passed to the backend")
     layers: tuple[int, ...] = _f((), "captured layers: output of decoder layer k, 0-based; L-1 = last layer before the norm")
     max_length: int = _f(2048, "tokens per sample at most (see truncation)")
+    row_tokens: int = _f(16384, "a longer sample is stored as rows of at most this many tokens, in order (columns "
+                                "token_start, sample_tokens); no stage then holds it whole")
     source: str = _f("", "conversations: .jsonl/.json/.parquet, a save_to_disk folder, or hf:<path>[:split]")
     sample_id: SampleIdMode = _f("row", "sample ids: <source>:<row> (row) or a content hash (hash)")
     mask: MaskMode = _f("all", "loss mask over every assistant reply (all) or only the last (last)")
@@ -144,7 +146,7 @@ class HiddenStatesConfig:
         if not isinstance(self.trust_remote_code, bool):
             raise ConfigError(f"trust_remote_code={self.trust_remote_code!r}: use true or false "
                               "(--set trust_remote_code=true)")
-        for name in ("max_length", "part_size", "writer_batch_bytes", "max_shard_bytes"):
+        for name in ("max_length", "row_tokens", "part_size", "writer_batch_bytes", "max_shard_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1 (--set {name}=...)", field=name,
                                   value=getattr(self, name))
@@ -159,6 +161,8 @@ class HiddenStatesConfig:
     def content_key(self) -> dict[str, Any]:
         """The fields that decide the rows; a resumed build must match them exactly."""
         key = {k: (list(v) if isinstance(v, tuple) else v) for k, v in ((k, getattr(self, k)) for k in CONTENT_FIELDS)}
+        if self.max_length > self.row_tokens:  # only then it decides rows: shorter builds keep their key
+            key["row_tokens"] = self.row_tokens
         if self.responses != "source":  # only then: builds made before regeneration existed keep their key
             key.update(responses=self.responses, generation=GenerationOptions.from_config(self.generation).to_dict())
         return key

@@ -22,6 +22,7 @@ from typing import Literal, get_args
 __all__ = [
     "BACKENDS", "DAMAGED_FILE", "DATA_DIR", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES", "META_FILE",
     "MESSAGES_COLUMN", "NONFINITE_POLICIES", "README_FILE", "REDACTED_FILE", "REJECTS_FILE", "RESPONSES_MODES",
+    "SAMPLE_TOKENS_COLUMN", "TOKEN_START_COLUMN",
     "ResponsesMode", "SAMPLE_ID_MODES", "SHARD_RE", "STATE_DIR", "STORAGE_DTYPES", "TRUNCATION_MODES", "BackendName",
     "FileFormat", "MaskMode", "NonfinitePolicy",
     "SampleIdMode", "StorageDtype", "TruncationMode", "layer_column", "layer_of", "scale_column", "shard_name",
@@ -75,6 +76,11 @@ def shard_name(part: int, shard: int, file_format: str) -> str:
 
 # -- columns -------------------------------------------------------------------------------------------
 MESSAGES_COLUMN = "messages"  # regenerate builds: the conversation as trained on (JSON text)
+# Builds whose max_length exceeds row_tokens: a sample is one or more rows, in order, each covering positions
+# [token_start, token_start + num_tokens) of a sample of sample_tokens tokens (input_ids, loss_mask and the states
+# of that range). Rows of one sample share its id and are adjacent, in token order.
+TOKEN_START_COLUMN = "token_start"
+SAMPLE_TOKENS_COLUMN = "sample_tokens"
 LAYER_PREFIX = "hidden_layer_"
 FINAL_COLUMN = "hidden_final"
 SCALE_SUFFIX = "_scale"

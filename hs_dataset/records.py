@@ -83,6 +83,9 @@ class CaptureResult:
     (``torch.uint8``) with per-token float32 ``scales [len(layers) + 1, T]`` (:mod:`hs_dataset.codec.fp8`;
     the SGLang plugin quantizes on the GPU). The tensors may view a backend's transport memory
     (the SGLang ring): it is reused once nothing references them.
+
+    A sample larger than the backend's transport arrives as several *pieces*, in order: each covers
+    positions ``[token_start, token_start + states.shape[1])`` (:attr:`last` on the final one).
     """
 
     sample: TokenizedSample
@@ -92,6 +95,17 @@ class CaptureResult:
     # plugin does it on the GPU); None: the encode stage checks on the CPU.
     nonfinite: tuple[int, ...] | None = None
     scales: torch.Tensor | None = None
+    token_start: int = 0
+
+    @property
+    def num_positions(self) -> int:
+        """Positions this result (piece) covers."""
+        return int(self.states.shape[1])
+
+    @property
+    def last(self) -> bool:
+        """Whether this result ends its sample (always, unless the sample came in pieces)."""
+        return self.token_start + self.num_positions >= self.sample.num_tokens
 
     @property
     def encoding(self) -> str:
@@ -127,14 +141,21 @@ class Counts:
     rejected: int = 0
     tokens_written: int = 0
     rejects_by_stage: dict[str, int] = field(default_factory=dict)
+    rows_written: int = 0  # dataset rows: written, unless long samples span several rows (see row_tokens)
 
     def add(self, other: "Counts") -> None:
         self.samples_in += other.samples_in
         self.written += other.written
         self.rejected += other.rejected
         self.tokens_written += other.tokens_written
+        self.rows_written += other.rows_written
         for k, v in other.rejects_by_stage.items():
             self.rejects_by_stage[k] = self.rejects_by_stage.get(k, 0) + v
+
+    @staticmethod
+    def rows_of(counts: dict[str, Any]) -> int:
+        """The dataset rows a recorded ``Counts`` dict stands for (records older than long rows: ``written``)."""
+        return int(counts.get("rows_written") or counts.get("written", 0))
 
     def check(self) -> None:
         if self.samples_in != self.written + self.rejected:

@@ -36,6 +36,9 @@ class CaptureBackend(Protocol):
     * ``encodings``: the storage encodings it can deliver itself; for one other than
       ``"bfloat16"`` the build calls ``capture(samples, encoding=...)`` (the SGLang backend quantizes
       fp8 on the GPU); for the rest the encode stage converts.
+    * ``in_pieces`` (optional): True when it can deliver a long sample as several results in order,
+      each a piece of ``row_tokens`` positions (:attr:`CaptureResult.token_start`); the build then
+      asks for pieces (``capture(samples, row_tokens=..., max_tokens=...)``).
     * ``versions()``: package versions recorded in ``hs_dataset.json``; ``close()``.
     """
 
@@ -52,9 +55,14 @@ class CaptureBackend(Protocol):
     def close(self) -> None: ...
 
 
-def start_capture(backend: CaptureBackend, samples: Iterable[TokenizedSample],
-                  storage_dtype: StorageDtype) -> Iterator[BackendItem]:
-    """``backend.capture(samples)``, asking for ``storage_dtype`` when the backend can deliver it."""
+def start_capture(backend: CaptureBackend, samples: Iterable[TokenizedSample], storage_dtype: StorageDtype, *,
+                  row_tokens: int | None = None, max_tokens: int | None = None) -> Iterator[BackendItem]:
+    """``backend.capture(samples)``, asking for ``storage_dtype`` when the backend can deliver it, and,
+    from a backend that delivers long samples in pieces (``in_pieces``), pieces of ``row_tokens``
+    positions (``max_tokens``: the longest sample, checked against its transport up front)."""
+    kw: dict[str, object] = {}
     if storage_dtype != "bfloat16" and storage_dtype in getattr(backend, "encodings", ("bfloat16",)):
-        return backend.capture(samples, encoding=storage_dtype)  # type: ignore[call-arg]
-    return backend.capture(samples)
+        kw["encoding"] = storage_dtype
+    if getattr(backend, "in_pieces", False) and row_tokens is not None:
+        kw.update(row_tokens=row_tokens, max_tokens=max_tokens)
+    return backend.capture(samples, **kw)

@@ -63,6 +63,9 @@ class TransformersBackend:
         device: ``"cpu"``, ``"cuda"``, ... (default: cuda when available).
         batch_tokens: padded tokens per forward pass.
         max_batch: most samples per forward pass.
+        prefill_chunk: a sample longer than this runs alone, this many positions per forward pass over
+            a KV cache (as an engine's chunked prefill), so that attention's memory stays bounded at long
+            context (default: every sample in one pass).
         trust_remote_code: allow the model directory's own modeling code (``auto_map``).
     """
 
@@ -72,11 +75,12 @@ class TransformersBackend:
 
     def __init__(self, model: str | ModelInfo, layers: Iterable[int], *, revision: str | None = None,
                  device: str | None = None, batch_tokens: int = 8192, max_batch: int = 64,
-                 trust_remote_code: bool = False):
+                 prefill_chunk: int | None = None, trust_remote_code: bool = False):
         self.info, self.layers = target_of(model, layers, revision)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.batch_tokens = int(batch_tokens)
         self.max_batch = int(max_batch)
+        self.prefill_chunk = int(prefill_chunk) if prefill_chunk else None
         lm = load_language_model(self.info.path, trust_remote_code=trust_remote_code)
         self._model = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
         self._lm = lm.to(self.device).eval()  # the lm_head serves generate() (responses=regenerate) only
@@ -100,6 +104,12 @@ class TransformersBackend:
         for s in samples:
             if s.num_tokens == 0:
                 yield Reject(s.sample_id, "input_ids", "no tokens to run", "capture")
+                continue
+            if self.prefill_chunk is not None and s.num_tokens > self.prefill_chunk:
+                if batch:
+                    yield from self._run(batch)
+                    batch, longest = [], 0
+                yield self._run_chunked(s, self.prefill_chunk)
                 continue
             longest_if_added = max(longest, s.num_tokens)
             if batch and (longest_if_added * (len(batch) + 1) > self.batch_tokens or len(batch) >= self.max_batch):
@@ -125,6 +135,26 @@ class TransformersBackend:
         self._caught.clear()
         for i, s in enumerate(batch):
             yield CaptureResult(sample=s, layers=self.layers, states=stacked[:, i, : s.num_tokens].contiguous())
+
+    @torch.inference_mode()
+    def _run_chunked(self, s: TokenizedSample, chunk: int) -> CaptureResult:
+        """One long sample, ``chunk`` positions per pass over a KV cache: the states of every position,
+        gathered on the CPU (the reference keeps the sample whole; the build then cuts it into rows)."""
+        from transformers import DynamicCache  # deferred: transformers takes seconds to import
+
+        T = s.num_tokens
+        ids = torch.from_numpy(s.input_ids).to(torch.long).unsqueeze(0)
+        states = torch.empty((len(self.layers) + 1, T, self.info.hidden_size), dtype=torch.bfloat16)
+        cache = DynamicCache()
+        for a in range(0, T, chunk):
+            b = min(a + chunk, T)
+            self._caught.clear()
+            out = self._model(input_ids=ids[:, a:b].to(self.device), past_key_values=cache, use_cache=True,
+                              cache_position=torch.arange(a, b, device=self.device))
+            for j, t in enumerate([self._caught[k] for k in self.layers] + [out.last_hidden_state]):
+                states[j, a:b] = t[0].to("cpu", torch.bfloat16)
+            self._caught.clear()
+        return CaptureResult(sample=s, layers=self.layers, states=states)
 
     @torch.inference_mode()
     def generate(self, prompts: list[Prompt]) -> list[Generation]:

@@ -14,6 +14,7 @@ quantized here with the same function.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -23,11 +24,12 @@ from datasets import Array2D, Features, List, Value
 
 from hs_dataset.codec.fp8 import fp8_dequantize, fp8_quantize
 from hs_dataset.errors import ConfigError, SampleError
-from hs_dataset.layout import MESSAGES_COLUMN, STORAGE_DTYPES, StorageDtype, scale_column, state_columns
+from hs_dataset.layout import (MESSAGES_COLUMN, SAMPLE_TOKENS_COLUMN, STORAGE_DTYPES, TOKEN_START_COLUMN, StorageDtype,
+                               scale_column, state_columns)
 from hs_dataset.records import CaptureResult
 
-__all__ = ["ARROW_MAX_ELEMENTS", "bf16_bits", "bytes_per_token", "check_finite", "check_storage_dtype", "encode_row",
-           "fp8_decode", "fp8_encode", "make_features", "row_table"]
+__all__ = ["bf16_bits", "bytes_per_token", "check_finite", "check_storage_dtype", "encode_row",
+           "fp8_decode", "fp8_encode", "make_features", "row_pieces", "row_table"]
 
 
 def check_storage_dtype(storage_dtype: str) -> StorageDtype:
@@ -43,8 +45,9 @@ def check_storage_dtype(storage_dtype: str) -> StorageDtype:
 
 
 def make_features(layers: tuple[int, ...], hidden_size: int, storage_dtype: StorageDtype = "bfloat16", *,
-                  messages: bool = False) -> Features:
-    """The dataset schema for these layers (``messages``: a regenerate build's conversation column)."""
+                  messages: bool = False, long_rows: bool = False) -> Features:
+    """The dataset schema for these layers (``messages``: a regenerate build's conversation column;
+    ``long_rows``: a build whose samples may span several rows, with ``token_start`` and ``sample_tokens``)."""
     check_storage_dtype(storage_dtype)
     cols: dict[str, Any] = {"id": Value("string")}
     if messages:
@@ -54,6 +57,9 @@ def make_features(layers: tuple[int, ...], hidden_size: int, storage_dtype: Stor
         "loss_mask": List(Value("uint8")),
         "num_tokens": Value("int32"),
     })
+    if long_rows:
+        cols[TOKEN_START_COLUMN] = Value("int32")
+        cols[SAMPLE_TOKENS_COLUMN] = Value("int32")
     bits = "uint16" if storage_dtype == "bfloat16" else "uint8"
     for c in state_columns(layers):
         cols[c] = Array2D(shape=(None, hidden_size), dtype=bits)
@@ -112,13 +118,31 @@ def fp8_decode(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return fp8_dequantize(bits, scale)
 
 
+def row_pieces(result: CaptureResult, row_tokens: int) -> list[CaptureResult]:
+    """``result`` cut into rows of at most ``row_tokens`` positions aligned to multiples of it (views, no
+    copy): one row for a sample that short, several for a longer one (or a piece of one)."""
+    a, n = result.token_start, result.num_positions
+    if result.token_start % row_tokens == 0 and n <= row_tokens:
+        return [result]
+    out = []
+    for lo in range(a, a + n, row_tokens):
+        hi = min(a + n, (lo // row_tokens + 1) * row_tokens)
+        out.append(dataclasses.replace(
+            result, states=result.states[:, lo - a:hi - a], token_start=lo,
+            scales=None if result.scales is None else result.scales[:, lo - a:hi - a]))
+    return out
+
+
 def encode_row(result: CaptureResult, storage_dtype: StorageDtype = "bfloat16", *,
-               check_nonfinite: bool = True) -> dict[str, Any]:
-    """One dataset row for a captured sample. Raises SampleError on NaN/Inf (names the layer)."""
+               check_nonfinite: bool = True, long_rows: bool = False) -> dict[str, Any]:
+    """One dataset row for a captured sample, or for positions ``[token_start, token_start + n)`` of one
+    (``long_rows``: with the ``token_start`` and ``sample_tokens`` columns). Raises SampleError on NaN/Inf
+    (names the layer)."""
     s = result.sample
     cols = state_columns(result.layers)
-    if result.states.shape[1] != s.num_tokens:
-        raise SampleError(cols[0], f"backend returned {result.states.shape[1]} positions for {s.num_tokens} tokens")
+    a, n = result.token_start, result.num_positions
+    if (not long_rows and n != s.num_tokens) or a + n > s.num_tokens or (long_rows and n == 0 and s.num_tokens):
+        raise SampleError(cols[0], f"backend returned {n} positions from {a} for {s.num_tokens} tokens")
     if result.encoding != "bfloat16" and result.encoding != storage_dtype:
         raise ValueError(f"the backend delivered {result.encoding} states for a {storage_dtype} dataset")
     if check_nonfinite:
@@ -126,9 +150,11 @@ def encode_row(result: CaptureResult, storage_dtype: StorageDtype = "bfloat16", 
     row: dict[str, Any] = {
         "id": s.sample_id,
         MESSAGES_COLUMN: s.messages,
-        "input_ids": s.input_ids.astype(np.int32, copy=False),
-        "loss_mask": s.loss_mask.astype(np.uint8, copy=False),
-        "num_tokens": s.num_tokens,
+        "input_ids": s.input_ids[a:a + n].astype(np.int32, copy=False),
+        "loss_mask": s.loss_mask[a:a + n].astype(np.uint8, copy=False),
+        "num_tokens": n,
+        TOKEN_START_COLUMN: a,
+        SAMPLE_TOKENS_COLUMN: s.num_tokens,
     }
     for i, c in enumerate(cols):
         if storage_dtype == "bfloat16":
@@ -139,8 +165,6 @@ def encode_row(result: CaptureResult, storage_dtype: StorageDtype = "bfloat16", 
             row[c], row[scale_column(c)] = fp8_encode(result.states[i])
     return row
 
-
-ARROW_MAX_ELEMENTS = 2**31 - 1  # Array2D's inner list offsets are 32-bit
 
 
 def _arrow_values(a: np.ndarray) -> pa.Array:

@@ -18,6 +18,7 @@ import yaml
 
 from hs_dataset.write.card import readme_header, split_readme
 from hs_dataset.layout import META_FILE, README_FILE, REJECTS_FILE, STORAGE_DTYPES, state_columns
+from hs_dataset.records import Counts
 
 __all__ = ["REJECTS_HASH_KEY", "check_metadata", "rejects_digest"]
 
@@ -65,7 +66,7 @@ def check_metadata(root: Path, meta: dict[str, Any]) -> list[tuple[str, str]]:
     readme = root / README_FILE
     if readme.is_file():
         found = _front_matter(readme.read_text(encoding="utf-8"))
-        want = _front_matter(readme_header(meta, int(counts.get("written", 0)), int(meta.get("bytes", 0)),
+        want = _front_matter(readme_header(meta, Counts.rows_of(counts), int(meta.get("bytes", 0)),
                                            (meta.get("config") or {}).get("file_format", "arrow")))
         if found is None:
             problems.append((README_FILE, "has no YAML front matter (load_dataset reads configs: and dataset_info:)"))

@@ -34,6 +34,7 @@ from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.integrity.metadata import check_metadata
 from hs_dataset.errors import IntegrityError, NotABuildError
 from hs_dataset.integrity.checksums import HASH_KEY, check_shard
+from hs_dataset.records import Counts
 from hs_dataset.layout import DATA_DIR, META_FILE, SHARD_RE, STATE_DIR
 
 __all__ = ["Problem", "VerifyReport", "check_files", "check_listing", "damage_of", "data_files", "read_meta",
@@ -142,9 +143,9 @@ def check_listing(meta: dict[str, Any], present: dict[str, int], where: str) -> 
         problems.append(Problem(f"{DATA_DIR}/{name}", "is not listed in hs_dataset.json (a copy or a leftover: "
                                 "readers would load its rows too)"))
     rows = sum(int(s["rows"]) for s in shards)
-    written = (meta.get("counts") or {}).get("written")
-    if written is not None and rows != int(written):
-        problems.append(Problem(META_FILE, f"lists shards of {rows} rows but counts {written} written"))
+    counts = meta.get("counts") or {}
+    if counts.get("written") is not None and rows != Counts.rows_of(counts):
+        problems.append(Problem(META_FILE, f"lists shards of {rows} rows but counts {Counts.rows_of(counts)} written"))
     return problems, rows
 
 

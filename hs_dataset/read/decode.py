@@ -17,7 +17,8 @@ import pyarrow as pa
 import torch
 
 from hs_dataset.codec.encode import fp8_decode
-from hs_dataset.layout import FINAL_COLUMN, MESSAGES_COLUMN, layer_of, scale_column
+from hs_dataset.layout import (FINAL_COLUMN, MESSAGES_COLUMN, SAMPLE_TOKENS_COLUMN, TOKEN_START_COLUMN, layer_of,
+                               scale_column)
 from hs_dataset.read.safe_views import SafeViews
 
 __all__ = ['column_bits', 'decode_row', 'decode_state', 'list_values', 'state_columns_of']
@@ -98,7 +99,9 @@ def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None
     Returns:
         ``id`` (str), ``input_ids`` (int32 [T]), ``loss_mask`` (uint8 [T]), every hidden-state column (or
         those in ``columns``) as ``torch.bfloat16 [T, H]``, and in regenerate builds ``messages`` (the
-        conversation as JSON text). Every tensor can be written to in place without touching the
+        conversation as JSON text), and in builds whose samples span rows ``token_start`` and
+        ``sample_tokens`` (ints: the row holds positions ``[token_start, token_start + T)`` of a sample
+        of ``sample_tokens``). Every tensor can be written to in place without touching the
         dataset's files.
 
     Raises:
@@ -107,7 +110,7 @@ def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None
     views = views or SafeViews()
     out: dict[str, Any] = {}
     names = table.column_names
-    for c in ("id", MESSAGES_COLUMN):  # MESSAGES_COLUMN: regenerate builds
+    for c in ("id", MESSAGES_COLUMN, TOKEN_START_COLUMN, SAMPLE_TOKENS_COLUMN):  # regenerate, long-rows builds
         if c in names:
             out[c] = table.column(c)[i].as_py()
     for c in ("input_ids", "loss_mask"):

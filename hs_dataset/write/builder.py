@@ -21,7 +21,8 @@ from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.resolve import ResolvedBuild, resolve_build
 from hs_dataset.capture.backends import make_backend
 from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
-from hs_dataset.codec.encode import ARROW_MAX_ELEMENTS, bytes_per_token, encode_row, make_features, row_table
+from hs_dataset.codec.encode import bytes_per_token, encode_row, make_features, row_pieces, row_table
+from hs_dataset.codec.limits import arrow_max_elements, max_row_tokens
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import ConfigError, NonFiniteError, SampleError
 from hs_dataset.layout import state_columns
@@ -41,12 +42,14 @@ class HiddenStatesBuilderConfig(datasets.BuilderConfig):
 
 
 def writer_batch_rows(config: HiddenStatesConfig, info: ModelInfo) -> int:
-    """Rows per Arrow record batch, sized by bytes (``writer_batch_bytes`` for samples of ``max_length``
-    tokens): memory stays bounded and Array2D's 32-bit offsets never overflow; at least 1, at most 1000."""
+    """Rows per Arrow record batch, sized by bytes (``writer_batch_bytes`` for rows of the longest length:
+    ``max_length``, or ``row_tokens`` when samples span rows): memory stays bounded and Array2D's 32-bit
+    offsets never overflow (:mod:`hs_dataset.codec.limits`); at least 1, at most 1000."""
     n_states = len(config.layers) + 1
-    row_bytes = config.max_length * bytes_per_token(n_states, info.hidden_size, config.storage_dtype)
+    tokens = min(config.max_length, config.row_tokens, max_row_tokens(info.hidden_size))
+    row_bytes = tokens * bytes_per_token(n_states, info.hidden_size, config.storage_dtype)
     by_bytes = config.writer_batch_bytes // max(row_bytes, 1)
-    by_offsets = ARROW_MAX_ELEMENTS // (config.max_length * info.hidden_size)
+    by_offsets = arrow_max_elements() // (tokens * info.hidden_size)
     return max(1, min(by_bytes, by_offsets, 1000))
 
 
@@ -86,8 +89,14 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         self._stream = stream
         self.counts = Counts()
         self.rejects: list[Reject] = []
+        # Samples rejected after some of their rows were written (a long sample's later piece): the part's
+        # shards are rewritten without them before it is committed (hs_dataset.write.drop_rows).
+        self.dropped: set[str] = set()
         super().__init__(*args, **kwargs)  # calls _info()
-        self._writer_batch_size = writer_batch_rows(self.resolved.config, self.resolved.info)
+        # Rows of a long sample may be pieces of a windowed ring region, which the engine waits to write again:
+        # each row goes to the file at once (datasets would otherwise keep single rows until a batch is full).
+        self._writer_batch_size = 1 if self.resolved.long_rows else writer_batch_rows(self.resolved.config,
+                                                                                        self.resolved.info)
 
     @property
     def resolved(self) -> ResolvedBuild:
@@ -107,7 +116,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         return datasets.DatasetInfo(
             description=f"Hidden states of {r.info.architecture} ({r.info.path}) for EAGLE-3 drafter training",
             features=make_features(r.layers, r.info.hidden_size, r.storage_dtype,
-                                   messages=r.config.responses == "regenerate"),
+                                   messages=r.config.responses == "regenerate", long_rows=r.long_rows),
         )
 
     def _split_generators(self, dl_manager: Any) -> list[datasets.SplitGenerator]:
@@ -124,8 +133,10 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
             if stop is None:
                 raise ValueError("a CaptureStream serves parts with a known end")
             for item in self._stream.take(start, stop):
-                self.counts.samples_in += 1
+                if isinstance(item, Reject) or item.last:  # a long sample's earlier pieces are not samples
+                    self.counts.samples_in += 1
                 yield item
+                del item  # before the next one is awaited (a windowed region's piece)
             return
 
         def counted() -> Iterator[TokenizedSample]:
@@ -139,7 +150,9 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 self.counts.samples_in += 1
                 yield sample
 
-        yield from start_capture(backend, counted(), self.resolved.storage_dtype)
+        r = self.resolved
+        yield from start_capture(backend, counted(), r.storage_dtype, row_tokens=r.row_tokens,
+                                 max_tokens=r.config.max_length)
 
     def _generate_tables(self, start: int, stop: int | None) -> Iterator[tuple[Key, Any]]:
         cfg = self.resolved.config
@@ -148,31 +161,67 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         backend = self._backend or make_backend(cfg.backend, self.resolved.info, self.layers,
                                                 options=cfg.backend_options, trust_remote_code=cfg.trust_remote_code)
         cols = state_columns(self.layers)
+        R, long_rows = self.resolved.row_tokens, self.resolved.long_rows
         i = 0
+        partial: dict[str, int] = {}  # samples with rows written and more to come: their rows so far
+        skipping: set[str] = set()  # samples rejected with more pieces to come
         try:
             for item in self._items(backend, start, stop):
                 if isinstance(item, Reject):
+                    if item.sample_id in partial:
+                        self._drop(item.sample_id, partial.pop(item.sample_id))
+                        yield Key(0, i), schema.empty_table()  # datasets lets go of the last row (ring memory)
+                    skipping.discard(item.sample_id)
                     self._reject(item)
                     continue
+                sid = item.sample.sample_id
+                if sid in skipping:
+                    if item.last:
+                        skipping.discard(sid)
+                    del item  # the loop variable would keep the piece's ring rows while the next one is awaited
+                    continue
                 try:
-                    row = encode_row(item, cfg.storage_dtype)
+                    rows = [encode_row(p, cfg.storage_dtype, long_rows=long_rows) for p in row_pieces(item, R)]
                 except SampleError as e:
                     if cfg.on_nonfinite == "fail" and e.field in cols:
                         raise NonFiniteError(
-                            f"sample {item.sample.sample_id!r}, {e.field}: {e.reason}. The build stopped; run "
+                            f"sample {sid!r}, {e.field}: {e.reason}. The build stopped; run "
                             "the same command with --set on_nonfinite=reject (--on-nonfinite reject) to write such "
                             "samples to rejects.jsonl instead: it resumes this build") from None
-                    self._reject(Reject(item.sample.sample_id, e.field, e.reason, "encode"))
+                    if sid in partial:
+                        self._drop(sid, partial.pop(sid))
+                        # datasets keeps the last table it wrote until it gets the next one: that row is ring
+                        # memory of this windowed region, which the engine waits to write again
+                        yield Key(0, i), schema.empty_table()
+                    if not item.last:
+                        skipping.add(sid)
+                    self._reject(Reject(sid, e.field, e.reason, "encode"))
+                    del item
                     continue
-                self.counts.written += 1
-                self.counts.tokens_written += item.sample.num_tokens
-                yield Key(0, i), row_table(row, schema)
-                i += 1
+                n_rows = len(rows)
+                self.counts.rows_written += n_rows
+                while rows:  # each row's dict dropped once written: it views the ring
+                    yield Key(0, i), row_table(rows.pop(0), schema)
+                    i += 1
+                if item.last:
+                    partial.pop(sid, None)
+                    self.counts.written += 1
+                    self.counts.tokens_written += item.sample.num_tokens
+                else:
+                    partial[sid] = partial.get(sid, 0) + n_rows
                 if self._on_row is not None:
-                    self._on_row(item.sample.num_tokens, item.states.numel() * item.states.element_size())
+                    self._on_row(item.num_positions, item.states.numel() * item.states.element_size())
+                del rows, item  # a windowed region's piece is released once nothing references it
         finally:
             if own:
                 backend.close()
+        if partial:
+            raise RuntimeError(f"samples {sorted(partial)[:3]} ended before their last piece; this is a bug in hs_dataset")
         self.counts.check()
+
+    def _drop(self, sample_id: str, rows: int) -> None:
+        """A sample rejected after ``rows`` of its rows were written: they leave the part before its commit."""
+        self.dropped.add(sample_id)
+        self.counts.rows_written -= rows
 
 

@@ -8,7 +8,7 @@ from typing import Iterator
 from hs_dataset.write.resolve import ResolvedBuild
 from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
 from hs_dataset.prepare.samples import tokenized_samples
-from hs_dataset.records import Reject, TokenizedSample
+from hs_dataset.records import CaptureResult, Reject, TokenizedSample
 
 __all__ = ["CaptureStream"]
 
@@ -19,8 +19,9 @@ class CaptureStream:
     With an engine that batches continuously (SGLang), building each part with its own
     ``capture`` call drains the engine at every part boundary: the last rows of a part are written
     while the GPU waits for the next part's first requests. A stream keeps the next part's rows in
-    flight instead. ``take(start, stop)`` yields one item per source row of ``[start, stop)``, in
-    row order: the backend's result, or a :class:`Reject` (from the source, tokenization or the backend).
+    flight instead. ``take(start, stop)`` yields the items of the source rows of ``[start, stop)``, in
+    row order: the backend's result (a long sample's pieces, in order), or a :class:`Reject` (from the
+    source, tokenization or the backend).
     """
 
     def __init__(self, resolved: ResolvedBuild, backend: CaptureBackend, ranges: list[tuple[int, int]]):
@@ -34,15 +35,17 @@ class CaptureStream:
                 self._order.append(index)
                 yield sample
 
-        self._it = start_capture(backend, samples(), resolved.storage_dtype)
+        self._it = start_capture(backend, samples(), resolved.storage_dtype, row_tokens=resolved.row_tokens,
+                                 max_tokens=resolved.config.max_length)
         self._next: tuple[int, BackendItem] | None = None
 
     def take(self, start: int, stop: int) -> Iterator[BackendItem]:
         while True:
             if self._next is None:
                 item = next(self._it, None)  # tokenizes (and records rejects of) every row before it
-                if item is not None:
-                    self._next = (self._order.popleft(), item)
+                if item is not None:  # a long sample's pieces but the last share its row index
+                    more = isinstance(item, CaptureResult) and not item.last
+                    self._next = (self._order[0] if more else self._order.popleft(), item)
             bound = stop if self._next is None else min(self._next[0], stop)
             for idx in sorted(k for k in self._early_rejects if start <= k < bound):
                 yield self._early_rejects.pop(idx)
@@ -51,6 +54,7 @@ class CaptureStream:
             item = self._next[1]
             self._next = None
             yield item
+            del item  # before the next one is awaited: a windowed region's piece is freed once unreferenced
 
     def close(self) -> None:
         close = getattr(self._it, "close", None)  # a generator's: ends the backend's capture call

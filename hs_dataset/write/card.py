@@ -24,6 +24,7 @@ import yaml
 
 from hs_dataset.errors import MissingPathError
 from hs_dataset.layout import FINAL_COLUMN, layer_column, utf8_safe
+from hs_dataset.records import Counts
 
 __all__ = ["checksums_section", "parse_history", "readme_header", "render_card", "render_readme", "split_readme"]
 
@@ -59,7 +60,8 @@ def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format
 
         features = make_features(tuple(metadata["layers"]), int(model["hidden_size"]),
                                  metadata.get("storage_dtype", "bfloat16"),
-                                 messages=(metadata.get("config") or {}).get("responses") == "regenerate")
+                                 messages=(metadata.get("config") or {}).get("responses") == "regenerate",
+                                 long_rows=bool(metadata.get("long_rows")))
         info = datasets.DatasetInfo(features=features)
         info.splits = datasets.SplitDict()
         info.splits.add(datasets.SplitInfo(name="train", num_bytes=num_bytes, num_examples=num_examples))
@@ -194,7 +196,7 @@ def render_card(metadata: dict, extra: dict) -> str:
     header, _ = split_readme(extra.get("readme") or "")
     if not header:
         counts = metadata.get("counts") or {}
-        header = readme_header(metadata, int(counts.get("written", 0)), int(metadata.get("bytes", 0)),
+        header = readme_header(metadata, Counts.rows_of(counts), int(metadata.get("bytes", 0)),
                                (metadata.get("config") or {}).get("file_format", "arrow"))
     if not header.endswith("\n"):
         header += "\n"

@@ -96,6 +96,9 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
         "decode": "hs_dataset.read.decode_row(ds.with_format('arrow')[i]) -> dict of torch tensors",
         "tokenizer": resolved.tokenizer_record,
         "max_length": config.max_length,
+        # a sample is one row, or (long_rows) rows of at most row_tokens positions: token_start, sample_tokens
+        "row_tokens": resolved.row_tokens,
+        "long_rows": resolved.long_rows,
         "mask": config.mask,
         "truncation": config.truncation,
         "source": config.source,

@@ -21,6 +21,7 @@ import datasets
 
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.builder import HiddenStatesBuilder
+from hs_dataset.write.drop_rows import drop_rows
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
@@ -60,6 +61,7 @@ class GeneratedPart:
     counts: Counts
     rejects: list[dict]
     backend_versions: dict[str, str]
+    dropped: tuple[str, ...] = ()  # samples whose rows must leave the shards before the commit
 
 
 def _staging(state: Path, i: int) -> Path:
@@ -102,7 +104,8 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
     except BaseException:
         _discard_part(out, state, i, config.file_format)
         raise
-    return GeneratedPart(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions())
+    return GeneratedPart(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions(),
+                         tuple(sorted(builder.dropped)))
 
 
 def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
@@ -114,13 +117,16 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
     record_path = part_record(state, g.i)
     try:
         shards = sorted(glob.glob(str(g.staging / f"*-train*.{ext}")))
+        if g.dropped:  # rejected after some of their rows were written: no partial sample is committed
+            for src in shards:
+                drop_rows(src, set(g.dropped))
         files = []
         for k, src in enumerate(shards):  # size, rows and content hash, read back while in the page cache
             files.append(dict(shard_entry(src), name=shard_name(g.i, k, ext)))
             fsync_file(Path(src))  # on disk before the record can point at it
-        if sum(f["rows"] for f in files) != g.counts.written:
+        if sum(f["rows"] for f in files) != Counts.rows_of(dataclasses.asdict(g.counts)):
             raise RuntimeError(f"part {g.i}: its shards hold {sum(f['rows'] for f in files)} rows, "
-                               f"{g.counts.written} were written; this is a bug in hs_dataset")
+                               f"{g.counts.rows_written} were written; this is a bug in hs_dataset")
         for src, f in zip(shards, files):
             os.replace(src, out / DATA_DIR / f["name"])
         fsync_dir(out / DATA_DIR)

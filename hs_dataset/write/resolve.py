@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hs_dataset.codec.limits import max_row_tokens
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo, check_layers, read_model_info
@@ -45,6 +46,17 @@ class ResolvedBuild:
     def n_states(self) -> int:
         """States per token: the layers and the final state."""
         return len(self.layers) + 1
+
+    @property
+    def row_tokens(self) -> int:
+        """Positions per row at most: ``config.row_tokens``, lowered where one state of that many positions
+        would pass Arrow's 32-bit list offsets (:func:`~hs_dataset.codec.encode.max_row_tokens`)."""
+        return min(self.config.row_tokens, max_row_tokens(self.info.hidden_size))
+
+    @property
+    def long_rows(self) -> bool:
+        """Whether a sample may span several rows (then rows carry ``token_start`` and ``sample_tokens``)."""
+        return self.config.max_length > self.row_tokens
 
     @property
     def vocab_size(self) -> int:

@@ -29,6 +29,7 @@ from hs_dataset.errors import ConfigMismatchError, ForeignFilesError
 from hs_dataset.integrity.checksums import check_shard
 from hs_dataset.integrity.damage import damaged_parts
 from hs_dataset.integrity.redact import redact_text
+from hs_dataset.records import Counts
 from hs_dataset.layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
 
 __all__ = ["RESUMABLE_CHANGES", "check_resume", "check_shrink", "full_check", "invalidate_finished", "part_files",
@@ -86,8 +87,8 @@ def _invalid(r: dict[str, Any] | None, plan: dict[int, tuple[int, int]], data: P
         if why is not None:
             return f"its shard {data / f['name']} {why}"
     rows = sum(int(f.get("rows", -1)) for f in r["files"])
-    if rows != int(r["counts"].get("written", -1)):
-        return f"its shards hold {rows} rows, its record counts {r['counts'].get('written')} written"
+    if rows != Counts.rows_of(r["counts"]) or "written" not in r["counts"]:
+        return f"its shards hold {rows} rows, its record counts {Counts.rows_of(r['counts'])}"
     return None
 
 

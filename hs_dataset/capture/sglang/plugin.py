@@ -196,12 +196,19 @@ def _after_load_model(result, runner, *args, **kwargs):
         manifest = {"pid": os.getpid(), "layers": cfg["layers"], "layers_to_capture": S.aux_ids,
                     "prenorm_last_layer": S.prenorm, "model_class": type(runner.model).__name__,
                     "text_model_class": type(text).__name__, "num_layers": num_layers, "tp_rank": tp_rank,
-                    "tp_size": tp_size, "hidden_size": int(text.config.hidden_size)}
+                    "tp_size": tp_size, "hidden_size": int(text.config.hidden_size),
+                    "chunked_prefill_size": _chunked_prefill_size(runner)}
         atomic_json(Path(cfg["dir"], MANIFEST), manifest)
     except BaseException:
         _plugin_error(cfg, traceback.format_exc())
         raise
     return None
+
+
+def _chunked_prefill_size(runner) -> int | None:
+    """The most positions of one request a prefill pass computes (None: chunked prefill is off)."""
+    size = getattr(getattr(runner, "server_args", None), "chunked_prefill_size", None)
+    return int(size) if isinstance(size, int) and size > 0 else None
 
 
 def _capture_on(on: bool) -> None:

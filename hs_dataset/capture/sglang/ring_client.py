@@ -14,10 +14,11 @@ import queue
 import threading
 import time
 import urllib.error
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from hs_dataset.capture.base import BackendItem
-from hs_dataset.capture.transport import Lease, Ring
+from hs_dataset.capture.transport import ENCODINGS, Lease, Ring, region_bytes
 from hs_dataset.errors import BackendError, RequestError, TransportError
 from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo
@@ -26,6 +27,20 @@ from hs_dataset.records import CaptureResult, Reject, TokenizedSample
 __all__ = ["RID_PREFIX", "RingClient"]
 
 RID_PREFIX = "hsds-"  # capture requests' ids start with it: the plugin captures only those
+
+
+class _Ended(Exception):
+    """The request of a windowed sample ended (failed) before all its positions arrived."""
+
+
+@dataclass
+class _Windowed:
+    """A windowed sample in flight: handed to the consumer, which reads its pieces itself."""
+
+    sample: TokenizedSample
+    lease: Lease
+    fut: cf.Future
+    row_tokens: int
 
 
 class RingClient:
@@ -58,7 +73,41 @@ class RingClient:
                                        "the engine hangs. Rerun the same command to resume.") from None
 
 
-    def capture(self, samples: Iterable[TokenizedSample], *, encoding: str = "bfloat16") -> Iterator[BackendItem]:
+    def window_rows(self, row_tokens: int) -> int | None:
+        """Rows of a windowed region for pieces of ``row_tokens``: the longest prefill chunk of a
+        request plus three pieces (the one arriving, the one being written out, and one more the
+        consumer may still reference while it asks for the next); None when the engine runs each
+        request in one pass (no chunked prefill: a sample must fit the ring whole)."""
+        chunk = (getattr(self, "manifest", None) or {}).get("chunked_prefill_size")
+        if not chunk:
+            return None
+        return (-(-int(chunk) // row_tokens) + 3) * row_tokens
+
+    def _check_window(self, row_tokens: int, max_tokens: int | None, n_states: int, encoding: str) -> int | None:
+        """The window for samples larger than the ring holds whole; raises when none fits the ring."""
+        ring = self.ring
+        assert ring is not None
+        hidden = self.info.hidden_size
+        window = self.window_rows(row_tokens)
+        if max_tokens is None or ring.fits(max_tokens, n_states, hidden, encoding):
+            return window if window is not None and ring.fits(window, n_states, hidden, encoding) else None
+        need = f"a sample of max_length {max_tokens} tokens ({n_states} states x {hidden}) does not fit the ring " \
+               f"({ring.capacity / 2**30:.2f} GiB) whole"
+        if window is None:
+            raise BackendError(f"{need}, and the engine computes each request in one pass (no chunked prefill), so "
+                               "its states cannot pass through in pieces: raise backend_options.ring_bytes, or start "
+                               "the engine with chunked prefill (backend_options.chunked_prefill_size)")
+        if not ring.fits(window, n_states, hidden, encoding):
+            wbytes = region_bytes(window, n_states, hidden, ENCODINGS[encoding])
+            raise BackendError(f"{need}, nor one window of {window} rows ({wbytes / 2**30:.2f} GiB: the engine's "
+                               f"prefill chunk + 3 rows of row_tokens {row_tokens}): raise backend_options.ring_bytes, "
+                               "or lower row_tokens or backend_options.chunked_prefill_size")
+        return window
+
+    in_pieces = True  # start_capture passes row_tokens and max_tokens
+
+    def capture(self, samples: Iterable[TokenizedSample], *, encoding: str = "bfloat16", row_tokens: int | None = None,
+                max_tokens: int | None = None) -> Iterator[BackendItem]:
         """Submit samples and yield results in input order, states as views of the ring.
 
         ``encoding``: ``bfloat16`` or ``fp8_e4m3`` (quantized on the GPU; ``CaptureResult.scales``
@@ -66,12 +115,23 @@ class RingClient:
         reserved: at most ``max_inflight`` samples and ``ring_bytes`` of states are in flight. A
         reader thread waits for each request while this generator's consumer (the builder) encodes
         and writes the previous rows, so the GPU's prefill and the shard writing overlap.
+
+        A sample longer than :meth:`window_rows` whose states would take over half the ring is not held
+        whole: it gets a *windowed* region and
+        its states come as pieces of ``row_tokens`` positions as the engine's chunked prefill computes
+        them, the engine waiting while the consumer writes a piece out (so memory stays at one window,
+        whatever the sample's length). Such a sample starts alone (the ring drains first); samples
+        after it are submitted as usual. Without ``row_tokens`` every sample must fit the ring whole
+        (one result per sample). ``max_tokens`` (the build's max_length): checked up front
+        against the ring (:class:`BackendError` naming the option when neither a whole sample nor a
+        window fits).
         """
         if encoding not in self.encodings:
             raise ValueError(f"encoding {encoding!r}: the sglang backend delivers {', '.join(self.encodings)}")
         ring = self.ring
         assert ring is not None
         n_states, hidden = len(self.layers) + 1, self.info.hidden_size
+        window = None if row_tokens is None else self._check_window(row_tokens, max_tokens, n_states, encoding)
         it = iter(samples)
         submitted: queue.Queue = queue.Queue()
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
@@ -90,18 +150,27 @@ class RingClient:
                     if s is None:
                         exhausted = True
                         break
+                    # windowed: a sample that would take over half the ring whole (the ring is allocated once:
+                    # holding a smaller sample whole costs nothing, and it is batched with the others)
+                    windowed = window is not None and s.num_tokens > window and \
+                        region_bytes(s.num_tokens, n_states, hidden, ENCODINGS[encoding]) > ring.capacity // 2
                     if s.num_tokens == 0:
                         submitted.put((s, None, Reject(s.sample_id, "input_ids", "no tokens to run", "capture")))
-                    elif not ring.fits(s.num_tokens, n_states, hidden, encoding):
+                    elif not windowed and not ring.fits(s.num_tokens, n_states, hidden, encoding):
                         submitted.put((s, None, Reject(
                             s.sample_id, "input_ids", f"{s.num_tokens} tokens of {n_states} states need more than the "
                             f"ring's {ring.capacity / 2**30:.2f} GiB: raise backend_options.ring_bytes", "capture")))
                     else:
-                        lease = ring.reserve(s.num_tokens, n_states, hidden, encoding)
+                        if windowed and inflight > 0:
+                            waiting = s  # a windowed sample starts alone: the engine may wait on it, nothing before it
+                            break
+                        lease = ring.reserve(s.num_tokens, n_states, hidden, encoding,
+                                             window=window if windowed else None)
                         if lease is None:
                             waiting = s  # the ring is full: hand out results first
                             break
-                        submitted.put((s, lease, self._submit(ring.rid(lease, RID_PREFIX), s.input_ids.tolist())))
+                        fut = self._submit(ring.rid(lease, RID_PREFIX), s.input_ids.tolist())
+                        submitted.put((s, lease, _Windowed(s, lease, fut, int(row_tokens or 0)) if windowed else fut))
                     inflight += 1
                 if inflight == 0:
                     if waiting is None:
@@ -114,10 +183,13 @@ class RingClient:
                             "or raise backend_options.ring_bytes")
                     continue
                 item = ready.get()
-                inflight -= 1
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                if isinstance(item, _Windowed):
+                    yield from self._pieces(item)
+                else:
+                    yield item
+                inflight -= 1
         finally:
             stop.set()
             submitted.put(None)
@@ -132,23 +204,66 @@ class RingClient:
             job = submitted.get()
             if job is None or stop.is_set():
                 while job is not None:  # cancel what was submitted but will not be read
-                    if isinstance(job[2], cf.Future):
-                        job[2].cancel()
+                    fut = job[2].fut if isinstance(job[2], _Windowed) else job[2]
+                    if isinstance(fut, cf.Future):
+                        fut.cancel()
                     if job[1] is not None and self.ring is not None:
                         self.ring.abandon(job[1])
                     job = submitted.get()
                 return
             try:
                 s, lease, fut = job
-                item: BackendItem | BaseException = fut if lease is None else self._finish(s, lease, fut)
+                item: BackendItem | _Windowed | BaseException = \
+                    fut if lease is None or isinstance(fut, _Windowed) else self._finish(s, lease, fut)
             except BaseException as e:  # handed to the consumer, which raises it
                 item = e
             ready.put(item)
             if isinstance(item, BaseException):
                 return
 
-    def _finish(self, s: TokenizedSample, lease: Lease, fut: cf.Future) -> BackendItem:
-        """Wait for one request and return views of its states in the ring (or say why it is rejected)."""
+    def _pieces(self, w: "_Windowed") -> Iterator[BackendItem]:
+        """A windowed sample's states, piece by piece as they arrive (on the consumer's thread: the
+        engine waits for room while the consumer writes the previous piece out), then its outcome."""
+        ring = self.ring
+        assert ring is not None
+        s, lease, T = w.sample, w.lease, w.sample.num_tokens
+
+        def alive() -> None:
+            self._alive()
+            if w.fut.done() and w.fut.exception() is not None:
+                raise _Ended()
+
+        for a in range(0, T, w.row_tokens):
+            b = min(a + w.row_tokens, T)
+            try:
+                ring.wait(lease, self.request_timeout, alive, rows=b)
+            except _Ended:
+                ring.abandon(lease)
+                reject = self._outcome(s, lease, w.fut)
+                assert reject is not None
+                yield reject
+                return
+            except RequestError as e:
+                yield Reject(s.sample_id, "input_ids", str(e), "capture")
+                return
+            except TransportError as e:
+                ring.abandon(lease)
+                raise BackendError(f"{e}. The build stopped; rerun the same command to resume.") from None
+            if ring.attached_pid:
+                ring.unlink()
+            states, scales = ring.views(lease, a, b)
+            # the producer's NaN/Inf counts cover every position so far: all zero says this piece is clean
+            seen = ring.nonfinite(lease)
+            yield CaptureResult(sample=s, layers=self.layers, states=states, scales=scales, token_start=a,
+                                nonfinite=seen if not any(seen) else None)
+            del states, scales
+        reject = self._outcome(s, lease, w.fut)
+        if reject is not None:  # every position arrived, but the request ended badly: the sample is rejected
+            yield reject
+
+    def _outcome(self, s: TokenizedSample, lease: Lease, fut: cf.Future) -> Reject | None:
+        """Wait for the request itself: None when it finished, else the sample's :class:`Reject`
+        (the region is then abandoned). A failure of the engine raises :class:`BackendError`."""
         ring = self.ring
         assert ring is not None
         try:
@@ -171,6 +286,15 @@ class RingClient:
         if isinstance(finish, dict) and finish.get("type") == "abort":
             ring.abandon(lease)
             return Reject(s.sample_id, "input_ids", f"SGLang aborted the request: {finish.get('message')}", "capture")
+        return None
+
+    def _finish(self, s: TokenizedSample, lease: Lease, fut: cf.Future) -> BackendItem:
+        """Wait for one request and return views of its states in the ring (or say why it is rejected)."""
+        ring = self.ring
+        assert ring is not None
+        reject = self._outcome(s, lease, fut)
+        if reject is not None:
+            return reject
         try:
             ring.wait(lease, self.request_timeout, self._alive)
         except RequestError as e:

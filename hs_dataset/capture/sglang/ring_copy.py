@@ -28,7 +28,7 @@ import torch
 
 from hs_dataset.capture.transport import ENCODINGS, PLUGIN_STATS, RingWriter, parse_rid, request_spans
 from hs_dataset.codec.fp8 import fp8_quantize
-from hs_dataset.errors import TransportError
+from hs_dataset.errors import RequestError, TransportError
 
 __all__ = ["Completer", "PluginState", "S", "atomic_json", "aux_states", "copy_pass", "ring_of"]
 
@@ -135,6 +135,7 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any) -> None:
         if len(S.seen) > 1_000_000:
             S.seen.popitem(last=False)
         todo.append((ring, info, off, start, n))
+    todo = [job for job in todo if _room_for(*job)]
     if not todo:
         return
     main = torch.cuda.current_stream()
@@ -153,16 +154,18 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any) -> None:
             info.encoding == ENCODINGS["fp8_e4m3"] for _, info, _, _, _ in todo) else None
         nbytes = 0
         for ring, info, off, start, n in todo:
-            for j, st in enumerate(states):
-                # Every destination is a contiguous slice of registered memory: a strided one would make
-                # PyTorch copy through a temporary and wait for the GPU, stalling the scheduler here.
-                dst = ring.state_view(info, j, start, n)
-                if info.encoding == ENCODINGS["bfloat16"]:
-                    dst.copy_(st[off:off + n].to(torch.bfloat16), non_blocking=True)
-                else:
-                    dst.copy_(fp8[j][0][off:off + n], non_blocking=True)
-                    ring.scale_view(info, j, start, n).copy_(fp8[j][1][off:off + n], non_blocking=True)
-                nbytes += dst.numel() * dst.element_size()
+            for pos, k in info.pieces(start, n):  # a windowed region wraps: positions modulo its rows
+                a = off + pos - start
+                for j, st in enumerate(states):
+                    # Every destination is a contiguous slice of registered memory: a strided one would make
+                    # PyTorch copy through a temporary and wait for the GPU, stalling the scheduler here.
+                    dst = ring.state_view(info, j, pos, k)
+                    if info.encoding == ENCODINGS["bfloat16"]:
+                        dst.copy_(st[a:a + k].to(torch.bfloat16), non_blocking=True)
+                    else:
+                        dst.copy_(fp8[j][0][a:a + k], non_blocking=True)
+                        ring.scale_view(info, j, pos, k).copy_(fp8[j][1][a:a + k], non_blocking=True)
+                    nbytes += dst.numel() * dst.element_size()
         done = torch.cuda.Event()
         done.record(side)
     for t in states:
@@ -178,6 +181,24 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any) -> None:
     st["hook_s"] += time.perf_counter() - t0
 
 
+def _room_for(ring: RingWriter, info: Any, off: int, start: int, n: int) -> bool:
+    """A windowed region (a sample larger than the ring): wait until the builder has written out the rows
+    that positions ``[start, start + n)`` replace. This stalls the engine, which is the point: the
+    states never pile up in memory. False when the request can no longer be delivered."""
+    if not info.windowed:
+        return True
+    t0 = time.perf_counter()
+    try:
+        ring.wait_room(info, start + n, timeout=float(S.config.get("room_timeout_s", 600.0)))
+    except (TransportError, RequestError) as e:
+        ring.fail(info.seq, f"hs_dataset capture: {e}")
+        S.completer.stats["lost_requests"] += 1
+        return False
+    finally:
+        S.completer.stats["room_wait_s"] += time.perf_counter() - t0
+    return True
+
+
 class Completer:
     """Waits for each pass's copies, then marks the rows done; beats and drops dead builders' rings."""
 
@@ -186,7 +207,9 @@ class Completer:
         self.q: queue.Queue = queue.Queue()
         # hook_s: time in the LogitsProcessor hook on the scheduler thread; copy_wait_s: this thread waiting
         # for the device-to-host copies; lost_requests: requests of ours whose ring or slot was not found.
-        self.stats = {"passes": 0, "rows": 0, "bytes": 0, "hook_s": 0.0, "copy_wait_s": 0.0, "lost_requests": 0}
+        # room_wait_s: the scheduler thread waiting for the builder to free a windowed region's rows
+        self.stats = {"passes": 0, "rows": 0, "bytes": 0, "hook_s": 0.0, "copy_wait_s": 0.0, "room_wait_s": 0.0,
+                      "lost_requests": 0}
         self._saved: dict | None = None
         self._stats_at = self._beat_at = self._owners_at = 0.0
         self.t = threading.Thread(target=self._run, name="hs_dataset-ring-completer", daemon=True)

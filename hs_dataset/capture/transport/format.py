@@ -34,7 +34,9 @@ _H_CREATOR, _H_ATTACHED, _H_BEAT = (56, "<Q"), (64, "<Q"), (72, "<Q")
 # slot fields
 _S_SEQ, _S_STATE, _S_TOKENS, _S_OFFSET = (0, "<Q"), (8, "<I"), (12, "<I"), (16, "<Q")
 _S_NSTATES, _S_HIDDEN, _S_ENCODING, _S_ROWS, _S_ERRLEN = (24, "<I"), (28, "<I"), (32, "<I"), (36, "<I"), (40, "<I")
+_S_CONSUMED = (44, "<I")  # windowed regions: rows the consumer is done with (their room can be written again)
 _S_NONFINITE = 48  # _MAX_STATES x u32
+_S_WINDOW = (112, "<I")  # rows the region holds: num_tokens, or fewer for a windowed region (positions modulo it)
 _S_MESSAGE = 128
 _FREE, _RESERVED, _FAILED = 0, 1, 2
 STALE_AFTER_S = 30.0  # no producer heartbeat for this long: the producer is gone (it beats every 0.5 s)
@@ -89,7 +91,13 @@ def request_spans(rids: list[str], extend_lens: list[int], prefix_lens: list[int
 
 @dataclass(frozen=True)
 class SlotInfo:
-    """What a request's slot says about its region (offsets relative to the data area)."""
+    """What a request's slot says about its region (offsets relative to the data area).
+
+    ``window``: the rows the region holds. A *whole* region holds every position (``window ==
+    num_tokens``); a *windowed* one (a sample larger than the ring can hold) holds ``window`` rows,
+    position ``p`` at row ``p % window``: the producer writes rows ``[p, p + n)`` only once the consumer
+    is done with the rows that were there (``consumed >= p + n - window``).
+    """
 
     seq: int
     offset: int
@@ -97,13 +105,33 @@ class SlotInfo:
     n_states: int
     hidden: int
     encoding: int
+    window: int = 0  # 0: whole (num_tokens)
+
+    @property
+    def rows(self) -> int:
+        """Rows of the region: ``window``, or ``num_tokens`` for a whole region."""
+        return self.window or self.num_tokens
+
+    @property
+    def windowed(self) -> bool:
+        return self.rows < self.num_tokens
 
     def state_offset(self, j: int, start: int = 0) -> int:
+        """Where position ``start`` of state ``j`` lives (modulo the window)."""
         esize = 2 if self.encoding == ENCODINGS["bfloat16"] else 1
-        return self.offset + (j * self.num_tokens + start) * self.hidden * esize
+        return self.offset + (j * self.rows + start % self.rows) * self.hidden * esize
 
     def scale_offset(self, j: int, start: int = 0) -> int:
-        return self.offset + _align(self.n_states * self.num_tokens * self.hidden, 16) + (j * self.num_tokens + start) * 4
+        return self.offset + _align(self.n_states * self.rows * self.hidden, 16) + (j * self.rows + start % self.rows) * 4
+
+    def pieces(self, start: int, n: int) -> list[tuple[int, int]]:
+        """Positions ``[start, start + n)`` as ``(position, length)`` pieces that do not wrap the window."""
+        out = []
+        while n > 0:
+            k = min(n, self.rows - start % self.rows)
+            out.append((start, k))
+            start, n = start + k, n - k
+        return out
 
 
 def _map(fd: int, size: int) -> mmap.mmap:

@@ -10,7 +10,7 @@ import struct
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -18,10 +18,12 @@ import torch
 
 from hs_dataset.capture.transport.format import (_ALIGN, _DATA_ALIGN, _FAILED, _FREE, _H_ATTACHED, _H_BEAT, _H_CAP,
                                                  _H_CREATOR, _H_DATA, _H_MAGIC, _H_SLOTS, _H_TOKEN, _HEADER_BYTES,
-                                                 _MAGIC, _MAX_STATES, _RESERVED, _S_ENCODING, _S_ERRLEN, _S_HIDDEN,
-                                                 _S_MESSAGE, _S_NONFINITE, _S_NSTATES, _S_OFFSET, _S_ROWS, _S_SEQ,
-                                                 _S_STATE, _S_TOKENS, _SLOT_BYTES, ENCODINGS, POLL_MAX_S, RING_PREFIX,
-                                                 STALE_AFTER_S, SlotInfo, _align, _get, _map, _put, region_bytes)
+                                                 _MAGIC, _MAX_STATES, _RESERVED, _S_CONSUMED, _S_ENCODING, _S_ERRLEN,
+                                                 _S_HIDDEN, _S_MESSAGE, _S_NONFINITE, _S_NSTATES, _S_OFFSET, _S_ROWS,
+                                                 _S_SEQ, _S_STATE, _S_TOKENS, _S_WINDOW, _SLOT_BYTES, ENCODINGS,
+                                                 POLL_MAX_S, RING_PREFIX, STALE_AFTER_S, SlotInfo, _align, _get, _map,
+                                                 _put, region_bytes)
+from hs_dataset.capture.transport.regions import FreeList
 from hs_dataset.errors import RequestError, TransportError
 
 __all__ = ["Lease", "Ring"]
@@ -40,6 +42,9 @@ class Lease:
     info: SlotInfo
     base: torch.Tensor | None = None  # the region's bytes, once handed out
     abandoned: bool = False
+    # windowed regions: the pieces handed out and not yet released, as (stop position, their bytes)
+    pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    consumed: int = 0  # windowed regions: positions released to the producer
 
 
 class Ring:
@@ -52,7 +57,7 @@ class Ring:
                  capacity: int):
         self.path, self._fd, self._mm, self.token = path, fd, mm, token
         self.n_slots, self.data_offset, self.capacity = n_slots, data_offset, capacity
-        self._free: list[tuple[int, int]] = [(0, capacity)]  # sorted (start, size), coalesced
+        self._regions = FreeList(capacity)
         self._leases: dict[int, Lease] = {}
         self._next_seq = 0
         self._unlinked = False
@@ -116,35 +121,12 @@ class Ring:
             self._unlinked = True
 
     # -- regions ------------------------------------------------------------------------------------
-    def _alloc(self, nbytes: int) -> int | None:
-        size = _align(max(nbytes, 1), _ALIGN)
-        for i, (start, free) in enumerate(self._free):
-            if free >= size:
-                if free == size:
-                    del self._free[i]
-                else:
-                    self._free[i] = (start + size, free - size)
-                return start
-        return None
-
-    def _release(self, offset: int, nbytes: int) -> None:
-        size = _align(max(nbytes, 1), _ALIGN)
-        self._free.append((offset, size))
-        self._free.sort()
-        merged: list[tuple[int, int]] = []
-        for s, n in self._free:
-            if merged and merged[-1][0] + merged[-1][1] == s:
-                merged[-1] = (merged[-1][0], merged[-1][1] + n)
-            else:
-                merged.append((s, n))
-        self._free = merged
-
     def _slot(self, seq: int) -> int:
         return _HEADER_BYTES + (seq % self.n_slots) * _SLOT_BYTES
 
     def _drop(self, lease: Lease) -> None:
         _put(self._mm, _S_STATE, _FREE, self._slot(lease.seq))
-        self._release(lease.offset, lease.nbytes)
+        self._regions.release(lease.offset, lease.nbytes)
         del self._leases[lease.seq]
 
     def reclaim(self) -> int:
@@ -158,23 +140,41 @@ class Ring:
         for le in done:
             le.base = None
             self._drop(le)
+        for le in [le for le in self._leases.values() if le.info.windowed and not le.abandoned]:
+            self._release_pieces(le)
+            if le.consumed >= le.info.num_tokens:
+                self._drop(le)
+                done.append(le)
         return len(done)
 
+    def _release_pieces(self, lease: Lease) -> None:
+        """A windowed region: tell the producer which rows it may write again (pieces nobody references)."""
+        while lease.pieces and _use_count(lease.pieces[0][1]) <= 2:
+            lease.consumed = lease.pieces.pop(0)[0]
+            _put(self._mm, _S_CONSUMED, lease.consumed, self._slot(lease.seq))
+
     def fits(self, num_tokens: int, n_states: int, hidden: int, encoding: str) -> bool:
-        """Whether a request of this size can ever fit (the ring's capacity, ignoring what is in use)."""
+        """Whether a whole region of this size can ever fit (the ring's capacity, ignoring what is in use)."""
         return _align(region_bytes(num_tokens, n_states, hidden, ENCODINGS[encoding]), _ALIGN) <= self.capacity
 
-    def reserve(self, num_tokens: int, n_states: int, hidden: int, encoding: str) -> Lease | None:
-        """Reserve a region and a slot for a new request; None while the ring is too full."""
+    def reserve(self, num_tokens: int, n_states: int, hidden: int, encoding: str, *,
+                window: int | None = None) -> Lease | None:
+        """Reserve a region and a slot for a new request; None while the ring is too full.
+
+        ``window``: a windowed region of that many rows (when fewer than ``num_tokens``): the request's
+        states then pass through it piece by piece (:meth:`views` of ``[start, stop)``, released once
+        unreferenced), the producer waiting for room (see :class:`SlotInfo`).
+        """
         if n_states > _MAX_STATES:
             raise TransportError(f"{n_states} states per token; the ring carries at most {_MAX_STATES}")
         enc = ENCODINGS[encoding]
-        nbytes = region_bytes(num_tokens, n_states, hidden, enc)
+        rows = num_tokens if window is None else min(int(window), num_tokens)
+        nbytes = region_bytes(rows, n_states, hidden, enc)
         with self._lock:
-            offset = self._alloc(nbytes)
+            offset = self._regions.alloc(nbytes)
             if offset is None:
                 self._reclaim()
-                offset = self._alloc(nbytes)
+                offset = self._regions.alloc(nbytes)
                 if offset is None:
                     return None
             busy = {s % self.n_slots for s in self._leases}
@@ -184,9 +184,10 @@ class Ring:
                 if seq % self.n_slots not in busy:
                     break
             else:
-                self._release(offset, nbytes)
+                self._regions.release(offset, nbytes)
                 return None
-            lease = Lease(seq, offset, nbytes, SlotInfo(seq, offset, num_tokens, n_states, hidden, enc))
+            lease = Lease(seq, offset, nbytes, SlotInfo(seq, offset, num_tokens, n_states, hidden, enc,
+                                                        rows if rows < num_tokens else 0))
             self._leases[seq] = lease
         base = self._slot(seq)
         mm = self._mm
@@ -197,6 +198,7 @@ class Ring:
         _put(mm, _S_NSTATES, n_states, base)
         _put(mm, _S_HIDDEN, hidden, base)
         _put(mm, _S_ENCODING, enc, base)
+        _put(mm, _S_WINDOW, lease.info.window, base)
         _put(mm, _S_STATE, _RESERVED, base)  # last: the slot is valid
         return lease
 
@@ -206,7 +208,7 @@ class Ring:
     def in_use(self) -> int:
         """Bytes of regions reserved, in flight or still referenced."""
         with self._lock:
-            return self.capacity - sum(n for _, n in self._free)
+            return self.capacity - self._regions.free_bytes()
 
     def poll(self, lease: Lease) -> tuple[int, str | None]:
         """(rows done, the producer's failure message or None)."""
@@ -218,14 +220,15 @@ class Ring:
         return _get(self._mm, _S_ROWS, base), None
 
     def wait(self, lease: Lease, timeout: float, alive: Callable[[], None] | None = None, *,
-             stale_after: float = STALE_AFTER_S) -> None:
-        """Block until every row of ``lease`` has arrived.
+             stale_after: float = STALE_AFTER_S, rows: int | None = None) -> None:
+        """Block until every row of ``lease`` (or its first ``rows`` positions) has arrived.
 
         Raises :class:`RequestError` (the producer failed this request), or :class:`TransportError`
         after ``timeout`` s without a new row or when the producer stopped beating. ``alive()`` is
-        called about every 0.1 s and should raise if the engine died.
+        called about every 0.1 s and should raise if the engine died. A windowed region's
+        unreferenced pieces are released to the producer while waiting.
         """
-        T = lease.info.num_tokens
+        T = lease.info.num_tokens if rows is None else rows
         rows, msg = self.poll(lease)
         if rows >= T and msg is None:
             return
@@ -251,6 +254,9 @@ class Ring:
             if now > deadline:
                 raise TransportError(f"no hidden states for request seq {lease.seq} at position {rows} of {T} "
                                      f"after {timeout:.0f} s (ring {self.path})")
+            if lease.info.windowed:  # the consumer dropped a piece: the producer may write its rows again
+                with self._lock:
+                    self._release_pieces(lease)
             if alive is not None and now > next_alive:
                 alive()
                 next_alive = now + 0.1
@@ -262,31 +268,53 @@ class Ring:
         base = self._slot(lease.seq) + _S_NONFINITE
         return struct.unpack_from(f"<{lease.info.n_states}I", self._mm, base)
 
-    def views(self, lease: Lease) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The finished request's states (bf16 ``[n, T, H]`` or fp8 bits ``uint8 [n, T, H]``) and,
-        for fp8, its float32 scales ``[n, T]``, as views of the ring: the region is reused once
-        neither these nor anything made from them (numpy arrays, Arrow buffers) is referenced."""
+    def views(self, lease: Lease, start: int = 0, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The request's states at positions ``[start, stop)`` (bf16 ``[n, k, H]`` or fp8 bits
+        ``uint8 [n, k, H]``) and, for fp8, their float32 scales ``[n, k]``, as views of the ring.
+
+        A whole region (default: all positions, once the request finished) is reused once neither
+        these nor anything made from them (numpy arrays, Arrow buffers) is referenced. A windowed
+        region hands out its positions in order, one piece within the window at a time (wait for
+        ``rows=stop`` first); the producer may write a piece's rows again once it is unreferenced.
+        """
         i = lease.info
+        stop = i.num_tokens if stop is None else stop
         a = self.data_offset + lease.offset
         # Through a memoryview: the tensor keeps it, and it keeps the mapping exported, so close()
         # cannot unmap the ring under a live view (torch.frombuffer alone keeps no buffer export).
         base = torch.frombuffer(memoryview(self._mm)[a:a + lease.nbytes], dtype=torch.uint8)
+        R = i.rows
+        if i.windowed:
+            if not 0 <= start < stop <= i.num_tokens or stop - start > R or (start % R) + (stop - start) > R \
+                    or start != (lease.pieces[-1][0] if lease.pieces else lease.consumed):
+                raise ValueError(f"positions {start}..{stop} of request seq {lease.seq}: a windowed region hands out "
+                                 f"its positions in order, within its {R}-row window")
+        elif (start, stop) != (0, i.num_tokens):
+            raise ValueError("a whole region hands out all its positions at once")
+        lo, hi = start % R if i.windowed else 0, (start % R if i.windowed else 0) + stop - start
         if i.encoding == ENCODINGS["bfloat16"]:
-            states, scales = base.view(torch.bfloat16).view(i.n_states, i.num_tokens, i.hidden), None
+            states, scales = base.view(torch.bfloat16).view(i.n_states, R, i.hidden)[:, lo:hi], None
         else:
-            states = base[:i.n_states * i.num_tokens * i.hidden].view(i.n_states, i.num_tokens, i.hidden)
-            start = i.scale_offset(0) - i.offset
-            scales = base[start:start + i.n_states * i.num_tokens * 4].view(torch.float32)
-            scales = scales.view(i.n_states, i.num_tokens)
+            states = base[:i.n_states * R * i.hidden].view(i.n_states, R, i.hidden)[:, lo:hi]
+            at = i.scale_offset(0) - i.offset
+            scales = base[at:at + i.n_states * R * 4].view(torch.float32).view(i.n_states, R)[:, lo:hi]
         with self._lock:  # reclaimable from now on, and the views above already count as references
-            lease.base = base
+            if i.windowed:
+                self._release_pieces(lease)
+                lease.pieces.append((stop, base))
+            else:
+                lease.base = base
         return states, scales
 
     def fail_release(self, lease: Lease) -> None:
-        """The producer is done with a failed request: its region is free again."""
+        """The producer is done with a failed request: its region is free again (a windowed one's
+        once the pieces handed out are unreferenced)."""
         with self._lock:
             if lease.seq in self._leases and lease.base is None:
-                self._drop(lease)
+                if lease.pieces:
+                    lease.abandoned = True  # pieces still referenced: kept until close
+                else:
+                    self._drop(lease)
 
     def abandon(self, lease: Lease) -> None:
         """A request that ended without its states: keep its region until close (chunks may still come)."""

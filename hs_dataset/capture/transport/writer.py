@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from pathlib import Path
 
 import torch
 
 from hs_dataset.capture.transport.format import (_FAILED, _H_ATTACHED, _H_BEAT, _H_CAP, _H_DATA, _H_MAGIC, _H_SLOTS,
-                                                 _H_TOKEN, _HEADER_BYTES, _MAGIC, _RESERVED, _S_ENCODING, _S_ERRLEN,
-                                                 _S_HIDDEN, _S_MESSAGE, _S_NONFINITE, _S_NSTATES, _S_OFFSET, _S_ROWS,
-                                                 _S_SEQ, _S_STATE, _S_TOKENS, _SLOT_BYTES, ENCODINGS, ENV, RING_PREFIX,
-                                                 SlotInfo, _get, _locked_by_someone, _map, _put)
+                                                 _H_TOKEN, _HEADER_BYTES, _MAGIC, _RESERVED, _S_CONSUMED, _S_ENCODING,
+                                                 _S_ERRLEN, _S_HIDDEN, _S_MESSAGE, _S_NONFINITE, _S_NSTATES, _S_OFFSET,
+                                                 _S_ROWS, _S_SEQ, _S_STATE, _S_TOKENS, _S_WINDOW, _SLOT_BYTES, ENCODINGS,
+                                                 ENV, POLL_MAX_S, RING_PREFIX, SlotInfo, _get, _locked_by_someone, _map,
+                                                 _put)
 from hs_dataset.errors import RequestError, TransportError
 
 __all__ = ["RingWriter"]
@@ -59,10 +61,42 @@ class RingWriter:
         if _get(mm, _S_STATE, base) != _RESERVED or _get(mm, _S_SEQ, base) != seq:
             raise RequestError(f"request seq {seq} has no reserved slot in {self.path}")
         return SlotInfo(seq, _get(mm, _S_OFFSET, base), _get(mm, _S_TOKENS, base), _get(mm, _S_NSTATES, base),
-                        _get(mm, _S_HIDDEN, base), _get(mm, _S_ENCODING, base))
+                        _get(mm, _S_HIDDEN, base), _get(mm, _S_ENCODING, base), _get(mm, _S_WINDOW, base))
+
+    def wait_room(self, info: SlotInfo, upto: int, timeout: float = 600.0) -> None:
+        """Block until positions up to ``upto`` can be written: for a windowed region, until the
+        consumer is done with the rows they replace (``consumed >= upto - window``); at once otherwise.
+
+        This is the backpressure of a sample larger than the ring: the producer (the SGLang scheduler)
+        waits for the builder to write the previous rows. Raises :class:`RequestError` when the slot
+        was given away (the request was abandoned) and :class:`TransportError` when the consumer is
+        gone or made no room for ``timeout`` seconds.
+        """
+        need = upto - info.rows
+        if need <= 0:
+            return
+        base = _HEADER_BYTES + (info.seq % self.n_slots) * _SLOT_BYTES
+        deadline = time.monotonic() + timeout
+        check_at = time.monotonic() + 1.0
+        sleep = 0.0002
+        while _get(self.mm, _S_CONSUMED, base) < need:
+            if _get(self.mm, _S_SEQ, base) != info.seq or _get(self.mm, _S_STATE, base) != _RESERVED:
+                raise RequestError(f"request seq {info.seq} was abandoned by the builder")
+            now = time.monotonic()
+            if now > check_at:
+                check_at = now + 1.0
+                if not self.owner_alive():
+                    self.dead = True
+                    raise TransportError(f"the builder of ring {self.path} is gone")
+            if now > deadline:
+                raise TransportError(f"the builder made no room in its ring for request seq {info.seq} for "
+                                     f"{timeout:.0f} s (it stopped reading)")
+            time.sleep(sleep)
+            sleep = min(sleep * 2, POLL_MAX_S)
 
     def state_view(self, info: SlotInfo, j: int, start: int, n: int) -> torch.Tensor:
-        """Rows ``[start, start + n)`` of state ``j`` in the ring: bf16 or uint8 ``[n, H]``, contiguous."""
+        """Positions ``[start, start + n)`` of state ``j`` in the ring: bf16 or uint8 ``[n, H]``, contiguous
+        (within the window: see :meth:`SlotInfo.pieces`)."""
         a = self.data_offset + info.state_offset(j, start)
         if info.encoding == ENCODINGS["bfloat16"]:
             return self.bytes[a:a + n * info.hidden * 2].view(torch.bfloat16).view(n, info.hidden)

@@ -1,0 +1,59 @@
+"""Take a rejected sample's rows back out of a part before it is committed.
+
+A long sample is written row by row as its pieces arrive (:mod:`hs_dataset.capture.sglang.ring_client`);
+when a later piece turns out bad (NaN/Inf with ``on_nonfinite=reject``, or the engine refuses the
+request half-way), its first rows are already in the part's staging shards. Before the part is
+committed, :func:`drop_rows` rewrites those shards without every row of such samples, so that no
+partial sample is ever served. Rare, and local to one part: the shards are read batch by batch and
+written again beside themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+__all__ = ["drop_rows"]
+
+
+def _keep(batch: pa.RecordBatch, ids: pa.Array) -> pa.RecordBatch:
+    return batch.filter(pc.invert(pc.is_in(batch.column("id"), value_set=ids)))
+
+
+def drop_rows(path: str | os.PathLike, sample_ids: set[str]) -> int:
+    """Rewrite the shard at ``path`` (``.arrow`` stream or ``.parquet``) without the rows whose ``id`` is
+    in ``sample_ids``; returns how many rows it dropped (0: the file is left as it is)."""
+    path = Path(path)
+    ids = pa.array(sorted(sample_ids), pa.string())
+    tmp = path.with_name(f".{path.name}.drop")
+    dropped = 0
+    if path.suffix == ".parquet":
+        f = pq.ParquetFile(path)
+        hit = any(pc.any(pc.is_in(b.column("id"), value_set=ids)).as_py() for b in f.iter_batches(columns=["id"]))
+        if not hit:
+            return 0
+        with pq.ParquetWriter(tmp, f.schema_arrow) as w:
+            for b in f.iter_batches():
+                kept = _keep(b, ids)
+                dropped += b.num_rows - kept.num_rows
+                if kept.num_rows:
+                    w.write_batch(kept)
+    else:
+        with pa.memory_map(str(path)) as src:
+            reader = pa.ipc.open_stream(src)
+            if not any(pc.any(pc.is_in(b.column("id"), value_set=ids)).as_py() for b in reader):
+                return 0
+        with pa.memory_map(str(path)) as src, pa.OSFile(str(tmp), "wb") as sink:
+            reader = pa.ipc.open_stream(src)
+            with pa.ipc.new_stream(sink, reader.schema) as w:
+                for b in reader:
+                    kept = _keep(b, ids)
+                    dropped += b.num_rows - kept.num_rows
+                    if kept.num_rows:
+                        w.write_batch(kept)
+    os.replace(tmp, path)
+    return dropped
