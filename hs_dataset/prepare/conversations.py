@@ -37,7 +37,6 @@ ROLE_ALIASES: dict[str, str] = {
 _INT32_MAX = 2**31 - 1
 
 
-
 def _type_name(value: Any) -> str:
     if value is None:
         return "null"
@@ -61,10 +60,14 @@ def _check_text(value: Any, field: str) -> str:
     return value
 
 
-def _get(obj: Mapping[str, Any], key: str, field: str) -> Any:
-    if key not in obj or obj[key] is None:
+def _get(obj: Mapping[str, Any], key: str, field: str, what: str) -> Any:
+    """``obj[key]``; absent: "missing field", null: "is null; give ``what``" (a SampleError naming it)."""
+    name = f"{field}.{key}" if field else key
+    if key not in obj:
         keys = sorted(str(k) for k in obj.keys())
-        raise SampleError(f"{field}.{key}" if field else key, f"missing field {key!r} (found keys {keys})")
+        raise SampleError(name, f"missing field {key!r} (found keys {keys})")
+    if obj[key] is None:
+        raise SampleError(name, f"field {key!r} is null; give {what}")
     return obj[key]
 
 
@@ -128,7 +131,7 @@ def _openai_content(value: Any, field: str) -> str:
                 raise SampleError(
                     f"{pfield}.type", f"only text content parts are supported, got {str(ptype)[:40]!r}"
                 )
-            texts.append(_check_text(_get(part, "text", pfield), f"{pfield}.text"))
+            texts.append(_check_text(_get(part, "text", pfield, "the part's text as a string"), f"{pfield}.text"))
         return "\n".join(texts)
     return _check_text(value, field)
 
@@ -141,8 +144,12 @@ def _parse_messages(items: Sequence[Any], key: str, role_key: str, content_key: 
         field = f"{key}[{i}]"
         if not isinstance(item, Mapping):
             raise SampleError(field, f"expected an object with {role_key!r} and {content_key!r}, got {_type_name(item)}")
-        role = _role(_get(item, role_key, field), f"{field}.{role_key}")
-        raw_content = _get(item, content_key, field)
+        role = _role(_get(item, role_key, field, "the role as a string (user, assistant or system)"),
+                     f"{field}.{role_key}")
+        text = "the turn's text as a string"
+        if item.get("tool_calls") is not None:
+            text += " (a turn of tool calls only is not supported: drop this sample)"
+        raw_content = _get(item, content_key, field, text)
         if key == "messages":
             content = _openai_content(raw_content, f"{field}.{content_key}")
         else:
@@ -228,6 +235,9 @@ def _parse_tokens(row: SourceRow, data: Mapping[str, Any]) -> TokenizedSample:
 
 
 _SHAPES = ("conversations", "messages", "input_ids")
+_SHAPE_VALUES = {"conversations": "the turns as a list of {'from', 'value'} objects",
+                 "messages": "the turns as a list of {'role', 'content'} objects",
+                 "input_ids": "the token ids as a list of integers"}
 
 
 def parse_row(row: SourceRow) -> Conversation | TokenizedSample:
@@ -238,7 +248,9 @@ def parse_row(row: SourceRow) -> Conversation | TokenizedSample:
     ``"\\n"``), or raw tokens ``{"input_ids": [int], "loss_mask": [0/1] (optional)}``. An assistant
     turn may carry ``reasoning_content`` (its thinking, for the chat template). Image, video and
     audio inputs (content parts, or a row's ``image(s)`` field) are rejected: not supported yet.
-    Other keys are ignored; a key whose value is null counts as absent.
+    Other keys are ignored. A null shape key counts as absent when another shape is given (as the
+    columns of a Parquet file or a dataset holding both shapes are); a null value the row needs (its
+    only shape, a role, a content) is a reject saying it is null, an absent one "missing field".
     """
     data = row.data
     if isinstance(data, BadRow):
@@ -246,6 +258,11 @@ def parse_row(row: SourceRow) -> Conversation | TokenizedSample:
     if not isinstance(data, Mapping):
         raise SampleError("row", f"expected a JSON object, got {_type_name(data)}")
     present = [k for k in _SHAPES if data.get(k) is not None]
+    nulls = [k for k in _SHAPES if k in data and data[k] is None]
+    if not present and len(nulls) == 1:
+        raise SampleError(nulls[0], f"field {nulls[0]!r} is null; give {_SHAPE_VALUES[nulls[0]]}")
+    if not present and nulls:
+        raise SampleError("row", f"fields {nulls} are all null; give one of them")
     if not present:
         keys = sorted(str(k) for k in data.keys())[:20]
         raise SampleError(

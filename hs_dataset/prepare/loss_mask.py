@@ -19,10 +19,11 @@ a token is in the loss mask when its characters overlap an assistant span.
 
 Thinking templates. An assistant turn's ``reasoning_content`` is given to the template, which
 decides what of it to render. The rule for a template that renders a turn differently once later
-turns follow (e.g. drops the reasoning of earlier turns, as Qwen3's does): every masked turn must be
-prefix-stable, so ``mask="all"`` rejects such a multi-turn sample ("not prefix-stable"), while
-``mask="last"`` works: only the last turn is masked, rendered as the template renders the last turn,
-and the earlier turns are context in their history form. Kimi-K2.5's template is prefix-stable:
+turns follow (e.g. drops the reasoning of earlier turns, as Qwen3's does): every masked turn (that
+the kept tokens reach: "Linear time" below) must be prefix-stable, so ``mask="all"`` rejects such a
+multi-turn sample ("not prefix-stable"), while ``mask="last"`` works: only the last turn is masked,
+rendered as the template renders the last turn, and the earlier turns are context in their history
+form. Kimi-K2.5's template is prefix-stable:
 every assistant turn up to the last one without tool calls, the last reply included, renders an
 empty ``<think></think>`` (its reasoning is not rendered), so the masked text of a turn is
 ``</think>`` (the generation prompt ends with ``<think>``), the reply and ``<|im_end|>``.
@@ -40,11 +41,28 @@ changes only the pre-token it falls in, and at least 64 tokens lie between the f
 them differ; they are then those of the prefix, the same in every build.) A text cut this way has
 more than ``max_length`` tokens: ``truncation="truncate"`` keeps the first ``max_length``,
 ``"reject"`` rejects it; the mask rule is unchanged.
+
+**Linear time** (:func:`tokenize_conversation`). Rendering ``A`` and ``B`` of turn ``i`` costs
+``O(i)``, so rendering them for every turn is quadratic in the number of turns (a row of 100k short
+turns ran for more than 8 minutes). Only the tokens a build keeps (the first ``max_length``) need
+their mask, so the conversation is rendered once and tokenized (bounded, as above), then the masked
+turns are walked in order: each turn's ``A`` and ``B`` are rendered and checked, and the walk stops
+after the first turn whose span starts past the last character the kept tokens touch. The turns
+after it start later still (a rendering of more turns is longer) and cannot mask a kept token, so
+they are neither rendered nor checked: the mask of every kept token is the one rendering every
+prefix gives, and "every masked turn must be prefix-stable" holds for each turn that reaches the kept
+tokens (a turn cut off by truncation no longer rejects its sample). Two rejects come earlier or
+later than a full walk: with ``truncation="reject"`` a sample over ``max_length`` is rejected before
+any turn is rendered (so for that reason, not a template's), and when the kept tokens hold no
+assistant token the walk goes on to the end of the tokenized text, so that the reject names the
+first assistant token there as before. Cost: one rendering of the conversation, plus ``O(K^2)`` for
+the ``K`` turns that reach the kept tokens (bounded by ``max_length``, whatever the conversation's
+length); ``mask="last"`` renders the last turn only, ``O(n)``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -57,14 +75,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = ["assistant_char_spans", "encode_bounded", "render_conversation", "tokenize_conversation", "tokenize_sample"]
-
-
-
-
-
-
-
-
 
 
 def render_conversation(tokenizer: PreTrainedTokenizerBase, messages: list[Message], *, add_generation_prompt: bool) -> str:
@@ -88,15 +98,23 @@ def assistant_char_spans(
     """Render ``messages`` and return ``(full_text, spans)``: the ``[start, end)`` character spans
     of the assistant replies (reply + the end-of-turn marker(s) the template renders after it).
 
-    ``mask="last"`` returns only the last reply's span.
+    ``mask="last"`` returns only the last reply's span. Every turn is rendered (quadratic in the
+    number of turns); :func:`tokenize_conversation` renders only the turns its kept tokens need.
     """
     if mask not in MASK_MODES:
         raise ValueError(f"mask must be one of {MASK_MODES}, got {mask!r}")
     full = render_conversation(tokenizer, messages, add_generation_prompt=False)
+    return full, list(_turn_spans(tokenizer, messages, full, mask))
+
+
+def _turn_spans(tokenizer: PreTrainedTokenizerBase, messages: list[Message], full: str,
+                mask: MaskMode) -> Iterator[tuple[int, int]]:
+    """The span of each masked assistant turn of ``messages`` in ``full`` (their full rendering), in
+    turn order: each turn is rendered (``A`` and ``B`` of the module docstring) and checked only when
+    its span is asked for."""
     turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
     if mask == "last":
         turns = turns[-1:]
-    spans: list[tuple[int, int]] = []
     for i in turns:
         before = render_conversation(tokenizer, messages[:i], add_generation_prompt=True) if i > 0 else ""
         upto = render_conversation(tokenizer, messages[: i + 1], add_generation_prompt=False)
@@ -115,8 +133,23 @@ def assistant_char_spans(
                 "chat_template",
                 f"template renders nothing for the assistant turn {i} after the generation prompt",
             )
-        spans.append((len(before), len(upto)))
-    return full, spans
+        yield len(before), len(upto)
+
+
+def _spans_reaching(spans: Iterator[tuple[int, int]], reach: int) -> list[tuple[int, int]]:
+    """The next spans of ``spans``, up to and with the first that starts after character ``reach``
+    (the later ones start later still, so none of them touches a character up to ``reach``)."""
+    out = []
+    for a, b in spans:
+        out.append((a, b))
+        if a > reach:
+            break
+    return out
+
+
+def _reach(offsets: list[tuple[int, int]]) -> int:
+    """The last character position any of these tokens touches (an empty token: its start)."""
+    return max((max(s, e) for s, e in offsets), default=0)
 
 
 def _first_difference(a: str, b: str) -> int:
@@ -169,6 +202,14 @@ def _check_modes(max_length: int, mask: str, truncation: str) -> None:
         raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
 
 
+def _too_long(n: int, max_length: int, cut: bool) -> SampleError:
+    return SampleError(
+        "input_ids",
+        f"sample has {'more than ' if cut else ''}{n} tokens, more than max_length={max_length} (truncation='reject'); "
+        "raise max_length or use truncation='truncate'",
+    )
+
+
 def _finish(sample_id: str, ids: np.ndarray, loss_mask: np.ndarray, *, max_length: int, truncation: str,
             cut: bool = False) -> TokenizedSample:
     """Apply the truncation policy and the 'something to train on' check (``cut``: ``ids`` are the
@@ -177,11 +218,7 @@ def _finish(sample_id: str, ids: np.ndarray, loss_mask: np.ndarray, *, max_lengt
     truncated = False
     if n > max_length:
         if truncation == "reject":
-            raise SampleError(
-                "input_ids",
-                f"sample has {'more than ' if cut else ''}{n} tokens, more than max_length={max_length} (truncation='reject'); "
-                "raise max_length or use truncation='truncate'",
-            )
+            raise _too_long(n, max_length, cut)
         ones = np.flatnonzero(loss_mask)
         ids, loss_mask, truncated = ids[:max_length], loss_mask[:max_length], True
         if not loss_mask.any():
@@ -213,15 +250,26 @@ def tokenize_conversation(
 
     ``mask``: ``"all"`` assistant turns or only the ``"last"``. ``truncation``: ``"truncate"`` keeps
     the first ``max_length`` tokens (rejected if no masked token remains), ``"reject"`` rejects a
-    longer sample. Problems raise :class:`SampleError`.
+    longer sample. Problems raise :class:`SampleError`. Time: one rendering of the conversation, plus
+    the turns that reach the kept tokens (module docstring, "Linear time").
     """
     _check_modes(max_length, mask, truncation)
-    full, spans = assistant_char_spans(tokenizer, conv.messages, mask=mask)
+    full = render_conversation(tokenizer, conv.messages, add_generation_prompt=False)
     (ids, offsets), cut = encode_bounded(full, max_length, lambda text: encode_with_offsets(tokenizer, text),
                                          lambda e: len(e[0]))
-    if ids.size == 0:
+    n = int(ids.size)
+    if n == 0:
         raise SampleError("chat_template", "the rendered conversation tokenizes to no tokens")
+    if n > max_length and truncation == "reject":
+        raise _too_long(n, max_length, cut)
+    # Only the turns that reach the kept tokens are rendered (module docstring, "Linear time").
+    turns = _turn_spans(tokenizer, conv.messages, full, mask)
+    kept = min(n, max_length)
+    spans = _spans_reaching(turns, _reach(offsets[:kept]))
     loss_mask = _mask_from_offsets(offsets, spans)
+    if kept < n and not loss_mask[:kept].any():  # a reject naming the first assistant token tokenized
+        spans += _spans_reaching(turns, _reach(offsets))
+        loss_mask = _mask_from_offsets(offsets, spans)
     return _finish(conv.sample_id, ids, loss_mask, max_length=max_length, truncation=truncation, cut=cut)
 
 

@@ -12,14 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hs_dataset.errors import ConfigError, MissingPathError
 from hs_dataset.integrity.redact import redact_text
 from hs_dataset.layout import utf8_safe
 
-__all__ = ["SourceSpec", "count_rows", "dataset_name", "id_name", "load_json_rows", "load_source_dataset", "resolve_source",
-           "rows_to_build", "source_fingerprint", "source_name", "source_path"]
+__all__ = ["SourceSpec", "count_rows", "dataset_name", "id_name", "load_json_rows", "load_source_dataset", "open_parquet",
+           "parquet_error", "resolve_source", "rows_to_build", "source_fingerprint", "source_name", "source_path"]
 
 _CHUNK = 1 << 20
 
@@ -163,6 +164,26 @@ def load_json_rows(path: str) -> list[Any]:
     raise ConfigError(f"{path}: expected a JSON list of rows or {{\"data\": [rows]}}, got {type(doc).__name__}")
 
 
+def open_parquet(path: str) -> pq.ParquetFile:
+    """The Parquet file at ``path`` (its footer read).
+
+    Raises:
+        ConfigError: the file is damaged or not Parquet (one line naming it and what to do).
+    """
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:  # ArrowInvalid: no footer, size 0...; OSError: unreadable
+        raise parquet_error(path, "not a readable Parquet file", e) from e
+
+
+def parquet_error(path: str, what: str, e: BaseException) -> ConfigError:
+    """A damaged Parquet source as one line: the file, ``what`` failed, pyarrow's reason, what to do."""
+    reason = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(str(e).split())) or "no detail"
+    return ConfigError(f"source {path!r}: {what} ({type(e).__name__}: {reason}); the file is damaged or not "
+                       "Parquet: write it again (a copy or download cut short?) or give another source",
+                       field="source", value=path)
+
+
 def rows_to_build(source: str | os.PathLike[str], max_samples: int | None) -> int:
     """The source rows a build reads: all of :func:`count_rows`, at most ``max_samples``."""
     rows = count_rows(source)
@@ -174,6 +195,10 @@ def count_rows(source: str | os.PathLike[str]) -> int:
 
     Cheap where possible: JSONL counts newlines in 1 MiB chunks, parquet reads the footer,
     datasets use their length; a JSON file is parsed.
+
+    Raises:
+        ConfigError: the source is missing, unsupported, or damaged (a Parquet file without a readable
+            footer: :func:`open_parquet`).
     """
     spec = resolve_source(source)
     if spec.kind == "jsonl":
@@ -187,8 +212,7 @@ def count_rows(source: str | os.PathLike[str]) -> int:
     if spec.kind == "json":
         return len(load_json_rows(spec.path))
     if spec.kind == "parquet":
-
-        return int(pq.ParquetFile(spec.path).metadata.num_rows)
+        return int(open_parquet(spec.path).metadata.num_rows)
     return len(load_source_dataset(spec)[0])
 
 

@@ -9,7 +9,8 @@ Supported sources:
 
 * ``path/to/file.jsonl`` -- one JSON object per line, streamed line by line (bounded memory);
 * ``path/to/file.json`` -- a list of rows, or ``{"data": [rows]}``;
-* ``path/to/file.parquet`` -- streamed by row group;
+* ``path/to/file.parquet`` -- streamed by row group (a damaged file stops the build with a
+  ConfigError naming it; its rows are not rejects);
 * ``path/to/dir`` -- a dataset saved with ``datasets.Dataset.save_to_disk`` (a saved
   ``DatasetDict`` needs ``path/to/dir:split`` unless it has one split or a ``train`` split);
 * ``hf:<path_or_name>[:split]`` -- anything ``datasets.load_dataset`` can load (default split:
@@ -26,10 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hs_dataset.errors import ConfigError
-from hs_dataset.prepare.source_spec import SourceSpec, dataset_name, load_json_rows, load_source_dataset, resolve_source
+from hs_dataset.prepare.source_spec import (SourceSpec, dataset_name, load_json_rows, load_source_dataset, open_parquet,
+                                            parquet_error, resolve_source)
 from hs_dataset.records import SourceRow
 
 __all__ = ["BadRow", "iter_source"]
@@ -141,8 +144,11 @@ def _iter_jsonl(spec: SourceSpec, start: int, stop: int | None, sample_id: str) 
 
 
 def _iter_parquet(spec: SourceSpec, start: int, stop: int | None, sample_id: str) -> Iterator[SourceRow]:
+    return _parquet_rows(spec, open_parquet(spec.path), start, stop, sample_id)  # a damaged footer fails here
 
-    pf = pq.ParquetFile(spec.path)
+
+def _parquet_rows(spec: SourceSpec, pf: pq.ParquetFile, start: int, stop: int | None,
+                  sample_id: str) -> Iterator[SourceRow]:
     offset = 0
     for rg in range(pf.num_row_groups):
         n = pf.metadata.row_group(rg).num_rows
@@ -152,7 +158,10 @@ def _iter_parquet(spec: SourceSpec, start: int, stop: int | None, sample_id: str
             continue
         if stop is not None and rg_start >= stop:
             return
-        table = pf.read_row_group(rg)
+        try:
+            table = pf.read_row_group(rg)
+        except (pa.ArrowException, OSError) as e:  # a damaged page: ArrowInvalid, OSError (thrift, levels)
+            raise parquet_error(spec.path, f"its row group {rg} (rows {rg_start}-{rg_stop - 1}) cannot be read", e) from e
         for batch in table.to_batches(max_chunksize=1024):
             for row in batch.to_pylist():
                 index = rg_start
@@ -194,6 +203,10 @@ def iter_source(
     ``sample_id="row"`` gives ids ``"<source name>:<row index>"``; ``"hash"`` gives the first 16
     hex digits of the sha256 of the row's canonical JSON (identical rows share an id). A JSONL
     line that cannot be decoded yields a row whose ``data`` is a :class:`BadRow`.
+
+    Raises:
+        ConfigError: a bad ``sample_id``/range, a missing or unsupported source; a damaged Parquet
+            file (its footer: at the call; a row group: when the rows reach it), as one line naming it.
     """
     if sample_id not in ("row", "hash"):
         raise ConfigError(f"sample_id must be 'row' or 'hash', got {sample_id!r}")

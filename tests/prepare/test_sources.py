@@ -14,11 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hs_dataset.errors import SampleError
+from hs_dataset.errors import ConfigError, SampleError
 from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.source_spec import count_rows, source_fingerprint, source_name
 from hs_dataset.prepare.sources import BadRow, iter_source
 from hs_dataset.records import Conversation, Message, SourceRow, TokenizedSample
+from tests.fixtures.cli import demo, run, user_error
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "builder_scripts" / "data" / "demo_conversations.jsonl"
@@ -144,6 +145,50 @@ def test_parquet_across_row_groups(tmp_path: Path) -> None:
     assert [r.index for r in part] == list(range(6, 15))
     assert [r.data for r in part] == rows[6:15]
     assert all(isinstance(parse_row(r), Conversation) for r in part)
+
+
+def damaged_parquet(tmp_path: Path) -> tuple[Path, Path]:
+    """``(cut, damaged)``: a Parquet file cut in half (no footer), and one whose row group 1 of 3 has a
+    garbled page header (its footer and the other row groups are fine)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.Table.from_pylist([conv_row(i) for i in range(20)]), good, row_group_size=8)
+    data = good.read_bytes()
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(data[: len(data) // 2])
+    at = pq.ParquetFile(good).metadata.row_group(1).column(0).data_page_offset
+    damaged = tmp_path / "damaged.parquet"
+    damaged.write_bytes(data[:at] + b"\xff" * 8 + data[at + 8:])
+    return cut, damaged
+
+
+def test_a_damaged_parquet_file_is_one_config_error(tmp_path: Path) -> None:
+    cut, damaged = damaged_parquet(tmp_path)
+    for call in (count_rows, iter_source):
+        with pytest.raises(ConfigError) as ei:
+            call(cut)
+        msg = str(ei.value)
+        assert "\n" not in msg and str(cut) in msg and "not a readable Parquet file" in msg and "write it again" in msg
+        assert ei.value.field == "source" and ei.value.value == str(cut)
+    assert count_rows(damaged) == 20  # the footer is fine: the damage shows when row group 1 is read
+    assert [r.index for r in iter_source(damaged, stop=8)] == list(range(8))
+    rows = iter_source(damaged)
+    with pytest.raises(ConfigError) as ei:
+        for _ in rows:
+            pass
+    msg = str(ei.value)
+    assert "\n" not in msg and str(damaged) in msg and "row group 1 (rows 8-15)" in msg and "write it again" in msg
+    assert msg.isprintable()  # pyarrow's thrift message holds control characters: escaped
+
+
+@pytest.mark.parametrize("which", ["cut", "damaged"])
+def test_plan_of_a_damaged_parquet_source_is_one_line(tiny_model: str, tmp_path: Path, which: str) -> None:
+    """Through the command line: exit 2, one line naming the file (was: a 25-line ArrowInvalid traceback, exit 1)."""
+    path = dict(zip(("cut", "damaged"), damaged_parquet(tmp_path)))[which]
+    r = run("plan", *demo(tiny_model, "--set", f"source={path}"))
+    user_error(r, str(path), "Parquet", "write it again", cmd="plan")
 
 
 def test_saved_datasets_and_hf_sources(tmp_path: Path) -> None:
@@ -302,7 +347,22 @@ SYS = {"from": "system", "value": "be nice"}
         ({"conversations": [SYS]}, "conversations", "no assistant turn"),
         ({"conversations": [U, {"from": "gpt", "value": "  "}]}, "conversations[1].value", "reply is empty"),
         ({"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]}, "messages[0].content", "missing field 'content'"),
-        ({"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "x"}]}, "messages[0].content", "missing"),
+        ({"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "x"}]}, "messages[0].content",
+         "field 'content' is null; give the turn's text"),
+        ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [{}]}]},
+         "messages[1].content", "field 'content' is null; give the turn's text as a string (a turn of tool calls only"),
+        ({"messages": [{"role": None, "content": "x"}]}, "messages[0].role", "field 'role' is null; give the role"),
+        ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{}]}]}, "messages[1].content",
+         "missing field 'content' (found keys ['role', 'tool_calls'])"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}, {"role": "assistant", "content": "x"}]},
+         "messages[0].content[0].text", "missing field 'text' (found keys ['type'])"),
+        ({"conversations": [U, {"from": "gpt", "value": None}]}, "conversations[1].value", "field 'value' is null"),
+        ({"conversations": [U, {"from": None, "value": "x"}]}, "conversations[1].from", "field 'from' is null"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}, {"role": "assistant", "content": "x"}]},
+         "messages[0].content[0].text", "field 'text' is null; give the part's text"),
+        ({"input_ids": None}, "input_ids", "field 'input_ids' is null; give the token ids as a list of integers"),
+        ({"messages": None}, "messages", "field 'messages' is null; give the turns"),
+        ({"messages": None, "input_ids": None}, "row", "fields ['messages', 'input_ids'] are all null"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "unknown role 'tool'"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}, {"role": "assistant", "content": "x"}]}, "messages[0].content[0]", "image inputs are not supported yet"),
         ({"messages": [{"role": "user", "content": [{"type": "file", "file": "f"}]}, {"role": "assistant", "content": "x"}]}, "messages[0].content[0].type", "only text"),
