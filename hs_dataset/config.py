@@ -110,7 +110,7 @@ class HiddenStatesConfig:
                                         "tokenizer and processor need it; for the tokenizer, and passed to the backend")
     layers: tuple[int, ...] = _f((), "captured layers: output of decoder layer k, 0-based; L-1 = last layer before the norm")
     max_length: int = _f(2048, "tokens per sample at most (see truncation)")
-    row_tokens: int = _f(16384, "a longer sample is stored as rows of at most this many tokens, in order (columns "
+    row_tokens: int = _f(8192, "a longer sample is stored as rows of at most this many tokens, in order (columns "
                                 "token_start, sample_tokens); no stage then holds it whole")
     source: str = _f("", "conversations: .jsonl/.json/.parquet, a save_to_disk folder, or hf:<path>[:split]")
     sample_id: SampleIdMode = _f("row", "sample ids: <source>:<row> (row) or a content hash (hash)")

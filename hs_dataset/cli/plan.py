@@ -69,10 +69,16 @@ def show_plan(config, a: argparse.Namespace) -> int:
              size(n)) for d, n in p.bytes_on_disk().items()]
     for line in table(("storage_dtype", "per token", "total"), rows):
         print(line)
+    from hs_dataset.write.plan_costs import memory_lines, prefill_seconds  # deferred: imports torch, datasets
+
+    for line in memory_lines(p):
+        print(line)
     rate, what = _rate_line(p, getattr(a, "tok_per_s", None))
     if rate:
         bpt = p.bytes_per_token(config.storage_dtype)
-        print(f"time:     {duration(p.tokens / rate)} of prefill at {what}. At that rate the build writes "
+        seconds, by_length = (p.tokens / rate, []) if getattr(a, "tok_per_s", None) else prefill_seconds(p, rate)
+        longer = f" (by sample length: {'; '.join(by_length)})" if len(by_length) > 1 else ""
+        print(f"time:     {duration(seconds)} of prefill at {what}{longer}. At that rate the build writes "
               f"{size(rate * bpt)}/s to disk: a slower disk bounds it (README: GPU tests and benchmarks)")
     else:
         print(f"time:     {what}")

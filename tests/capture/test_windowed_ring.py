@@ -90,7 +90,8 @@ def test_nan_in_a_later_piece_takes_the_samples_written_rows_back_out(tiny_model
     assert all(bool(torch.isfinite(r[c].float()).all()) for r in iter_torch(ds) for c in STATES)
 
 
-# A build of one 32k-token sample (4 states x 2048 = 16 KiB per token: 512 MiB) through a 128 MiB ring, in a
+# A build of one 40k-token sample (4 states x 2048 = 16 KiB per token: 625 MiB) through a 128 MiB window of a
+# 320 MiB ring (a window fits in half the ring beside one row), in a
 # subprocess that reports its peak RSS beside the RSS it had before the build.
 BIG = textwrap.dedent("""
     import json, random, resource, sys
@@ -104,7 +105,7 @@ BIG = textwrap.dedent("""
     pool = torch.randn((4, 2048, 2048), generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     def states(ids, a, b):  # what the GPU would hand over: no allocation here, the builder's memory is measured
         return pool[:, :b - a]
-    eng = ThreadEngine(model, (0, 1, 2), states, ring_dir=work / "ring", ring_bytes=128 << 20, chunk=2048)
+    eng = ThreadEngine(model, (0, 1, 2), states, ring_dir=work / "ring", ring_bytes=320 << 20, chunk=2048)
     def rss():
         for line in open("/proc/self/status"):
             if line.startswith("VmRSS"):
@@ -139,8 +140,8 @@ def test_the_builders_memory_stays_at_the_window_not_the_sample(tmp_path):
     r = json.loads(p.stdout.strip().splitlines()[-1])
     sample_bytes = r["tokens"] * 4 * 2048 * 2
     assert r["tokens"] > 30000 and r["windowed"] == [True] and sample_bytes > 450 << 20
-    # Peak RSS above what the process held before the build (imports, the tokenizer): at most the ring (its
-    # pages, touched as they are written) and 64 MiB, a third of the sample's states. A builder that held the
-    # sample whole would add all 625 MiB of it.
+    # Peak RSS above what the process held before the build (imports, the tokenizer): at most the window (its
+    # ring pages, touched as they are written) and 64 MiB, a third of the sample's states. A builder that held
+    # the sample whole would add all 625 MiB of it.
     grown = r["peak"] - r["before"]
     assert grown < (128 << 20) + (64 << 20) and grown < sample_bytes / 3, (grown / 2**20, sample_bytes / 2**20)

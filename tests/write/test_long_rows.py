@@ -142,3 +142,20 @@ def test_a_sample_rejected_after_its_first_rows_leaves_no_row(tiny_model, whole,
     for row in iter_torch(ds):  # every row left is of a whole, finite sample
         assert all(bool(torch.isfinite(row[c].float()).all()) for c in STATES)
     assert np.all(np.diff([r["token_start"] for r in iter_torch(ds) if r["id"] == ds[0]["id"]]) > 0)
+
+
+def test_plan_prices_a_long_build_rows_ring_and_shared_memory(tiny_model, whole):
+    from hs_dataset.write.plan import plan_build
+    from hs_dataset.write.plan_costs import memory_lines
+
+    src, _ = whole
+    p = plan_build(long_config(tiny_model, src, row_tokens=256, backend="sglang",
+                               backend_options={"ring_bytes": 3 << 19, "chunked_prefill_size": 64}))
+    lines = memory_lines(p)
+    rows = sum(-(-n // 256) for n in p.lengths)
+    assert lines[0].startswith(f"rows:     {rows:,} rows for {len(p.lengths)} samples")
+    # 2,048 tokens x 4 states x 64 x 2 B = 1 MiB: over half the 1.5 MiB ring, so a window of 64 + 3 x 256 rows
+    assert "passed through a 1,024-row window of the ring" in lines[1] and "/dev/shm free" in lines[1]
+    small = plan_build(long_config(tiny_model, src, row_tokens=256, backend="sglang",
+                                   backend_options={"ring_bytes": 1 << 18, "chunked_prefill_size": 64}))
+    assert "Raise backend_options.ring_bytes" in memory_lines(small)[1]

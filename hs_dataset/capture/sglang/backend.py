@@ -45,7 +45,8 @@ from hs_dataset.capture.sglang.attach import AttachedServer
 from hs_dataset.capture.sglang.engine import OwnEngine
 from hs_dataset.capture.sglang.ring_client import RID_PREFIX, RingClient
 from hs_dataset.capture.sglang.versions import check_sglang_version
-from hs_dataset.capture.transport import (MANIFEST, MEMORY_FS, PLUGIN_ERROR, PLUGIN_STATS, Ring, file_system_type,
+from hs_dataset.capture.transport import (DEFAULT_RING_BYTES, MANIFEST, MEMORY_FS, PLUGIN_ERROR, PLUGIN_STATS, Ring,
+                                          file_system_type,
                                           private_dir, remove_stale)
 from hs_dataset.errors import BackendError, TransportError
 from hs_dataset.layout import StorageDtype
@@ -54,7 +55,6 @@ from hs_dataset.prepare.regenerate import Generation, Prompt
 
 __all__ = ["SGLangBackend"]
 
-DEFAULT_RING_BYTES = 4 << 30
 
 
 def _default_ring_parent() -> str:
@@ -72,7 +72,9 @@ class SGLangBackend(RingClient):
             in it is sent as HTTP basic auth).
         ring_dir: in-process: where the private ring folder is made (default /dev/shm); attach:
             the folder named ``dir`` in the server's ``HS_DATASET_CAPTURE`` (required).
-        ring_bytes: size of the shared-memory ring (default 4 GiB): the states in flight at once.
+        ring_bytes: size of the shared-memory ring: the states in flight at once (default: 8 GiB, or half
+            of what the ring's folder has free when that is less). A sample that would take over half
+            of it passes through a window of it instead (see :mod:`hs_dataset.capture.sglang.ring_client`).
         max_inflight: requests outstanding at once.
         prefetch: results read from the ring ahead of the consumer.
         chunked_prefill_size: passed to SGLang (None: SGLang's default).
@@ -88,7 +90,7 @@ class SGLangBackend(RingClient):
 
     def __init__(self, model: str | ModelInfo, layers: Iterable[int], *, revision: str | None = None,
                  tp_size: int = 1, sglang_url: str | None = None, ring_dir: str | None = None,
-                 ring_bytes: int = DEFAULT_RING_BYTES, max_inflight: int = 32, chunked_prefill_size: int | None = None,
+                 ring_bytes: int | None = None, max_inflight: int = 32, chunked_prefill_size: int | None = None,
                  request_timeout: float = 600.0, prefetch: int = 4, engine_args: dict[str, Any] | None = None,
                  trust_remote_code: bool = False):
         self.info, self.layers = target_of(model, layers, revision)
@@ -112,7 +114,8 @@ class SGLangBackend(RingClient):
                 parent = ring_dir or _default_ring_parent()
                 remove_stale(parent)
                 self.dir, self._dir_lock = private_dir(parent)
-            self.ring = self._make_ring(int(ring_bytes))
+            self.ring = self._make_ring(int(ring_bytes) if ring_bytes else
+                                        min(DEFAULT_RING_BYTES, shutil.disk_usage(self.dir).free // 2))
             if sglang_url:
                 self.server = AttachedServer(sglang_url, max_inflight=self.max_inflight, timeout=self.request_timeout)
             else:

@@ -84,25 +84,32 @@ class RingClient:
         return (-(-int(chunk) // row_tokens) + 3) * row_tokens
 
     def _check_window(self, row_tokens: int, max_tokens: int | None, n_states: int, encoding: str) -> int | None:
-        """The window for samples larger than the ring holds whole; raises when none fits the ring."""
+        """The window for samples larger than half the ring, or None when the ring cannot hold one (then
+        every sample must fit whole); raises up front when ``max_tokens`` needs a window and none fits.
+
+        A window must fit in half of what the ring has beside one row: the consumer may still reference
+        the last row it wrote (of the sample before) when the windowed sample starts, and that region may
+        sit anywhere in the ring.
+        """
         ring = self.ring
         assert ring is not None
-        hidden = self.info.hidden_size
+        hidden, enc = self.info.hidden_size, ENCODINGS[encoding]
         window = self.window_rows(row_tokens)
-        if max_tokens is None or ring.fits(max_tokens, n_states, hidden, encoding):
-            return window if window is not None and ring.fits(window, n_states, hidden, encoding) else None
-        need = f"a sample of max_length {max_tokens} tokens ({n_states} states x {hidden}) does not fit the ring " \
-               f"({ring.capacity / 2**30:.2f} GiB) whole"
+        room = (ring.capacity - region_bytes(row_tokens, n_states, hidden, enc)) // 2
+        fits = window is not None and region_bytes(window, n_states, hidden, enc) <= room
+        if max_tokens is None or region_bytes(max_tokens, n_states, hidden, enc) <= ring.capacity // 2 or fits:
+            return window if fits else None
+        need = f"a sample of max_length {max_tokens} tokens ({n_states} states x {hidden}) needs more than half the " \
+               f"ring ({ring.capacity / 2**30:.2f} GiB) whole"
         if window is None:
             raise BackendError(f"{need}, and the engine computes each request in one pass (no chunked prefill), so "
                                "its states cannot pass through in pieces: raise backend_options.ring_bytes, or start "
                                "the engine with chunked prefill (backend_options.chunked_prefill_size)")
-        if not ring.fits(window, n_states, hidden, encoding):
-            wbytes = region_bytes(window, n_states, hidden, ENCODINGS[encoding])
-            raise BackendError(f"{need}, nor one window of {window} rows ({wbytes / 2**30:.2f} GiB: the engine's "
-                               f"prefill chunk + 3 rows of row_tokens {row_tokens}): raise backend_options.ring_bytes, "
-                               "or lower row_tokens or backend_options.chunked_prefill_size")
-        return window
+        wbytes = region_bytes(window, n_states, hidden, enc)
+        ring_needed = 2 * wbytes + ring.capacity - 2 * room
+        raise BackendError(f"{need}, and one window of {window} rows ({wbytes / 2**30:.2f} GiB: the engine's prefill "
+                           f"chunk + 3 rows of row_tokens {row_tokens}) needs a ring of {ring_needed / 2**30:.2f} GiB: "
+                           "raise backend_options.ring_bytes, or lower row_tokens or backend_options.chunked_prefill_size")
 
     in_pieces = True  # start_capture passes row_tokens and max_tokens
 

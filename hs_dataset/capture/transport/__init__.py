@@ -39,14 +39,15 @@ Only numpy-free, torch-only code: the plugin imports this module in SGLang's sch
 """
 
 from hs_dataset.capture.transport.files import MEMORY_FS, file_system_type, private_dir, remove_stale
-from hs_dataset.capture.transport.format import (ENCODINGS, ENV, MANIFEST, PLUGIN_ERROR, PLUGIN_STATS, SCHEDULER_ERROR, SlotInfo,
+from hs_dataset.capture.transport.format import (DEFAULT_RING_BYTES, ENCODINGS, ENV, MANIFEST, PLUGIN_ERROR, PLUGIN_STATS,
+                                                 SCHEDULER_ERROR, SlotInfo,
                                                  parse_rid, region_bytes, request_spans)
 from hs_dataset.capture.transport.ring import Lease, Ring
 from hs_dataset.capture.transport.writer import RingWriter
 from hs_dataset.errors import RequestError, TransportError
 
 __all__ = [
-    "ENCODINGS", "ENV", "MANIFEST", "MEMORY_FS", "PLUGIN_ERROR", "PLUGIN_STATS", "SCHEDULER_ERROR", "Lease",
+    "DEFAULT_RING_BYTES", "ENCODINGS", "ENV", "MANIFEST", "MEMORY_FS", "PLUGIN_ERROR", "PLUGIN_STATS", "SCHEDULER_ERROR", "Lease",
     "RequestError", "Ring", "RingWriter", "SlotInfo", "TransportError", "file_system_type", "parse_rid", "private_dir",
     "region_bytes", "remove_stale", "request_spans",
 ]

@@ -8,7 +8,8 @@ import mmap
 import struct
 from dataclasses import dataclass
 
-__all__ = ["ENCODINGS", "ENV", "MANIFEST", "OWNER_LOCK", "PLUGIN_ERROR", "PLUGIN_STATS", "SCHEDULER_ERROR", "PRIVATE_DIR_PREFIX",
+__all__ = ["DEFAULT_RING_BYTES", "ENCODINGS", "ENV", "MANIFEST", "OWNER_LOCK", "PLUGIN_ERROR", "PLUGIN_STATS", "SCHEDULER_ERROR",
+           "PRIVATE_DIR_PREFIX",
            "RING_PREFIX", "SlotInfo", "parse_rid", "region_bytes", "request_spans"]
 
 ENV = "HS_DATASET_CAPTURE"  # JSON {"layers": [...], "dir": "...", "rid_prefix": "...", "ring": token?} for the plugin
@@ -39,6 +40,7 @@ _S_NONFINITE = 48  # _MAX_STATES x u32
 _S_WINDOW = (112, "<I")  # rows the region holds: num_tokens, or fewer for a windowed region (positions modulo it)
 _S_MESSAGE = 128
 _FREE, _RESERVED, _FAILED = 0, 1, 2
+DEFAULT_RING_BYTES = 8 << 30  # the SGLang backend's ring unless set: at most half of its folder's free room
 STALE_AFTER_S = 30.0  # no producer heartbeat for this long: the producer is gone (it beats every 0.5 s)
 POLL_MAX_S = 0.002  # longest sleep between looks at a slot
 
