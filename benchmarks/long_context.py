@@ -8,17 +8,17 @@ The stand-in is ``.gpu/make_kimi_width.py DIR --long-context``: DeepSeek-V3 at K
 
   plain    the engine's prefill of the same token ids, max_new_tokens=1, with request ids that are
            not ours (the plugin passes them through: measured >= 0.97x of an engine without it)
-  capture  capture + transport: the states through the ring (windowed for the 131k sample) and
-           dropped, nothing written
+  capture  with --capture: capture + transport alone, the states through the ring (windowed for the
+           131k sample) and dropped, nothing written (the build below does the same and writes)
   build    hs_dataset's build() (the same code as ``hs-dataset build``, given the started backend) of
            a source whose rows tokenize to exactly that many tokens, onto the disk; its peak RSS
            above the process's RSS before it, and the ring it used
 
-then the disk's own write rate, and afterwards (engine closed): the 32k sample's states at its first,
-middle and last 1,024 positions against the transformers reference on the GPU (a chunked forward
-over a KV cache), the 131k sample's last 1,024 positions when --parity-131k, ``hs-dataset verify`` of
-the 131k build, ``load_dataset(dir, streaming=True)`` and ``open_dataset`` of it, and a 16,384-token
-window of it read with its file's page cache dropped (bytes read from disk, /proc/self/io).
+and right after the 32k build its states at the first, middle and last 1,024 positions against the
+transformers reference on the same GPU (a chunked forward over a KV cache); after the 131k build
+``hs-dataset verify`` of it, ``load_dataset(dir, streaming=True)``, ``open_dataset`` and a
+16,384-token window read with its file's page cache dropped (bytes read from disk, /proc/self/io),
+and its last 1,024 positions against the reference with --parity-131k; then the disk's write rate.
 
     source .gpu/device-setup.sh && pip install --no-deps --no-build-isolation --no-index -e .
     python benchmarks/long_context.py --json $OUT/long-context.json
@@ -41,7 +41,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_ARGS = dict(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
-                   disable_cuda_graph=True, mem_fraction_static=0.75, context_length=131073)
+                   disable_cuda_graph=True, mem_fraction_static=0.6, context_length=131078)
 LAYERS = (1, 3, 4)
 HIDDEN = 7168
 
@@ -124,12 +124,16 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/hs-long")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sizes", default="32768x1,131072x1,8192x64", help="TOKENSxSAMPLES, comma separated")
+    ap.add_argument("--reps", type=int, default=1, help="plain runs (and capture runs with --capture) per size")
+    ap.add_argument("--capture", action="store_true", help="also time capture + transport alone (the build does it too)")
     ap.add_argument("--chunk", type=int, default=16384, help="SGLang chunked_prefill_size")
     ap.add_argument("--parity-131k", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=540, help="skip the optional steps after this")
     a = ap.parse_args()
     t_start = time.time()
-    os.environ["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"  # 131,072 prompt positions + the 1 new token
+    # 131,072 prompt positions (SGLang keeps 5 of context_length for itself) + the 1 new token: YaRN's
+    # 131,072 positions are all a prompt uses, the new token is sampled from the last prefill position
+    os.environ["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
     import torch
 
     from hs_dataset.capture.sglang.backend import SGLangBackend
@@ -184,51 +188,10 @@ def main() -> None:
             del r
         return time.time() - t, n
 
-    res["sizes"] = {}
-    for tokens, n in sizes:
-        cfg = configs[tokens]
-        r = resolve_build(cfg)
-        samples = [s for _, s in tokenized_samples(cfg, r.tokenizer, r.vocab_size, [(0, n)], lambda *_: None)]
-        assert all(s.num_tokens == tokens for s in samples), [s.num_tokens for s in samples]
-        total = tokens * n
-        plain(samples[:1])  # warm-up: kernels for this length
-        out: dict = {"samples": n, "tokens": total, "sample_GB": round(tokens * res["bytes_per_token"] / 1e9, 2)}
-        runs_p, runs_c = [], []
-        for _ in range(2):
-            runs_p.append(total / plain(samples))
-            dt, nbytes = capture(samples, r.row_tokens)
-            runs_c.append(total / dt)
-        out["plain_tok_s"] = round(max(runs_p))
-        out["capture_tok_s"] = round(max(runs_c))
-        out["capture/plain"] = round(max(runs_c) / max(runs_p), 3)
-        out["runs"] = {"plain": [round(x) for x in runs_p], "capture": [round(x) for x in runs_c]}
-        dump()
-        dst = work / f"build-{tokens}"
-        stats0 = be.plugin_stats() or {}
-        with PeakRSS() as m:
-            t = time.time()
-            s = build(cfg, dst, backend=be, progress=False)
-            dt = time.time() - t
-        stats1 = be.plugin_stats() or {}
-        out["build_tok_s"] = round(s.counts.tokens_written / dt)
-        out["build_rows"] = s.counts.rows_written
-        out["build_GB"] = round(s.bytes_written / 1e9, 2)
-        out["builder_peak_rss_above_start_GB"] = round((m.peak - m.before) / 1e9, 2)
-        out["builder_rss_before_GB"] = round(m.before / 1e9, 2)
-        out["room_wait_s"] = round(stats1.get("room_wait_s", 0) - stats0.get("room_wait_s", 0), 2)
-        res["sizes"][str(tokens)] = out
-        dump()
-        if tokens not in (32768, 131072):  # the parity, verify and window steps read only those two
-            shutil.rmtree(dst)
-    be.close()
-    res["disk_write_MBps"] = round(disk_write_rate(work / "probe") / 1e6)
-    for k, out in res["sizes"].items():
-        disk_tok_s = res["disk_write_MBps"] * 1e6 / res["bytes_per_token"]
-        out["build/min(plain,disk)"] = round(out["build_tok_s"] / min(out["plain_tok_s"], disk_tok_s), 3)
-    dump()
-
-    # Parity at long range: the transformers reference on the GPU, chunked over a KV cache.
+    # Parity at long range: the transformers reference on the same GPU (the engine's static memory leaves room),
+    # chunked over a KV cache; and the 131k build's checks. Run right after each build.
     from hs_dataset.capture.transformers import TransformersBackend
+    from hs_dataset.integrity.verify import verify_build
     from hs_dataset.read.open import open_dataset
     from hs_dataset.read.windows import read_window, sample_rows
 
@@ -236,8 +199,8 @@ def main() -> None:
         cfg = configs[tokens]
         r = resolve_build(cfg)
         (sample,) = [s for _, s in tokenized_samples(cfg, r.tokenizer, r.vocab_size, [(0, 1)], lambda *_: None)]
-        ref = TransformersBackend(str(model), LAYERS, device="cuda", prefill_chunk=chunk)
         t = time.time()
+        ref = TransformersBackend(str(model), LAYERS, device="cuda", prefill_chunk=chunk)
         want = ref._run_chunked(sample, chunk).states  # [4, T, H] on the CPU
         ref.close()
         del ref
@@ -249,23 +212,14 @@ def main() -> None:
         for lo, hi in spans:
             w = read_window(ds, s, lo, hi)
             got[f"{lo}-{hi}"] = {c: compare(w[c], want[j, lo:hi]) for j, c in enumerate(cols)}
-        return {"reference_s": round(time.time() - t, 1), "chunk": chunk, "spans": got}
+        return {"seconds": round(time.time() - t, 1), "chunk": chunk, "spans": got}
 
-    if "32768" in res["sizes"]:
-        res["parity_32k"] = parity(32768, [(0, 1024), (16384 - 512, 16384 + 512), (32768 - 1024, 32768)], 2048)
-        dump()
-    if "131072" in res["sizes"]:
-        if a.parity_131k and time.time() - t_start < a.deadline_s - 120:
-            res["parity_131k"] = parity(131072, [(131072 - 1024, 131072)], 1024)
-            dump()
-        from hs_dataset.integrity.verify import verify_build
+    def checks_131k(out131: Path) -> None:
+        import datasets
 
-        out131 = work / "build-131072"
         t = time.time()
         rep = verify_build(out131)
         res["verify_131k"] = {"ok": rep.ok, "seconds": round(time.time() - t, 1)}
-        import datasets
-
         t = time.time()
         stream = datasets.load_dataset(str(out131), split="train", streaming=True)
         first = next(iter(stream))
@@ -284,6 +238,66 @@ def main() -> None:
                                      "seconds": round(time.time() - t, 2), "finite": bool(np.isfinite(touched)),
                                      "rows_of_sample": len(s.starts)}
         dump()
+
+    res["sizes"] = {}
+    for tokens, n in sizes:
+        if time.time() - t_start > a.deadline_s:
+            res.setdefault("skipped", []).append(tokens)
+            continue
+        cfg = configs[tokens]
+        r = resolve_build(cfg)
+        samples = [s for _, s in tokenized_samples(cfg, r.tokenizer, r.vocab_size, [(0, n)], lambda *_: None)]
+        assert all(s.num_tokens == tokens for s in samples), [s.num_tokens for s in samples]
+        total = tokens * n
+        if tokens <= 32768:
+            plain(samples[:1])  # warm-up: kernels for this length (the longest runs after the others' warm-ups)
+        out: dict = {"samples": n, "tokens": total, "sample_GB": round(tokens * res["bytes_per_token"] / 1e9, 2)}
+        runs_p, runs_c = [], []
+        for _ in range(a.reps):
+            runs_p.append(total / plain(samples))
+            if a.capture:
+                dt, nbytes = capture(samples, r.row_tokens)
+                runs_c.append(total / dt)
+        out["plain_tok_s"] = round(max(runs_p))
+        out["runs"] = {"plain": [round(x) for x in runs_p]}
+        if runs_c:
+            out["capture_tok_s"] = round(max(runs_c))
+            out["capture/plain"] = round(max(runs_c) / max(runs_p), 3)
+            out["runs"]["capture"] = [round(x) for x in runs_c]
+        dump()
+        dst = work / f"build-{tokens}"
+        stats0 = be.plugin_stats() or {}
+        with PeakRSS() as m:
+            t = time.time()
+            s = build(cfg, dst, backend=be, progress=False)
+            dt = time.time() - t
+        stats1 = be.plugin_stats() or {}
+        out["build_tok_s"] = round(s.counts.tokens_written / dt)
+        out["build/plain"] = round(out["build_tok_s"] / out["plain_tok_s"], 3)
+        out["build_rows"] = s.counts.rows_written
+        out["build_GB"] = round(s.bytes_written / 1e9, 2)
+        out["builder_peak_rss_above_start_GB"] = round((m.peak - m.before) / 1e9, 2)
+        out["builder_rss_before_GB"] = round(m.before / 1e9, 2)
+        out["room_wait_s"] = round(stats1.get("room_wait_s", 0) - stats0.get("room_wait_s", 0), 2)
+        res["sizes"][str(tokens)] = out
+        dump()
+        if tokens == 32768:
+            res["parity_32k"] = parity(32768, [(0, 1024), (16384 - 512, 16384 + 512), (32768 - 1024, 32768)], 1024)
+            dump()
+        elif tokens == 131072:
+            checks_131k(dst)
+            if a.parity_131k and time.time() - t_start < a.deadline_s - 150:
+                res["parity_131k"] = parity(131072, [(131072 - 1024, 131072)], 512)
+                dump()
+        shutil.rmtree(dst)  # the device has 64 GiB of disk
+    res["plugin_stats"] = be.plugin_stats()
+    be.close()
+    res["disk_write_MBps"] = round(disk_write_rate(work / "probe") / 1e6)
+    for k, out in res["sizes"].items():
+        disk_tok_s = res["disk_write_MBps"] * 1e6 / res["bytes_per_token"]
+        out["build/min(plain,disk)"] = round(out["build_tok_s"] / min(out["plain_tok_s"], disk_tok_s), 3)
+    dump()
+
     res["peak_rss_process_GB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)
     res["wall_s"] = round(time.time() - t_start, 1)
     dump()

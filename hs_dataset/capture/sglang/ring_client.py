@@ -30,12 +30,12 @@ RID_PREFIX = "hsds-"  # capture requests' ids start with it: the plugin captures
 
 
 class _Ended(Exception):
-    """The request of a windowed sample ended (failed) before all its positions arrived."""
+    """The request of a sample in pieces ended (failed) before all its positions arrived."""
 
 
 @dataclass
-class _Windowed:
-    """A windowed sample in flight: handed to the consumer, which reads its pieces itself."""
+class _Pieces:
+    """A sample in pieces in flight (longer than a row): handed to the consumer, which reads its pieces itself."""
 
     sample: TokenizedSample
     lease: Lease
@@ -123,13 +123,13 @@ class RingClient:
         reader thread waits for each request while this generator's consumer (the builder) encodes
         and writes the previous rows, so the GPU's prefill and the shard writing overlap.
 
-        A sample longer than :meth:`window_rows` whose states would take over half the ring is not held
-        whole: it gets a *windowed* region and
-        its states come as pieces of ``row_tokens`` positions as the engine's chunked prefill computes
-        them, the engine waiting while the consumer writes a piece out (so memory stays at one window,
-        whatever the sample's length). Such a sample starts alone (the ring drains first); samples
-        after it are submitted as usual. Without ``row_tokens`` every sample must fit the ring whole
-        (one result per sample). ``max_tokens`` (the build's max_length): checked up front
+        A sample longer than ``row_tokens`` comes as pieces of ``row_tokens`` positions, in order, each as
+        soon as the engine's chunked prefill has computed it (the consumer writes the first rows while the
+        rest is computed). One whose states would take over half the ring is not held whole: it gets a
+        *windowed* region (:meth:`window_rows`), the engine waiting while the consumer writes a piece out,
+        so memory stays at one window whatever the sample's length; such a sample starts alone (the ring
+        drains first), samples after it are submitted as usual. Without ``row_tokens`` every sample must
+        fit the ring whole (one result per sample). ``max_tokens`` (the build's max_length): checked up front
         against the ring (:class:`BackendError` naming the option when neither a whole sample nor a
         window fits).
         """
@@ -171,13 +171,16 @@ class RingClient:
                         if windowed and inflight > 0:
                             waiting = s  # a windowed sample starts alone: the engine may wait on it, nothing before it
                             break
+                        # a sample longer than a row comes in pieces, so its first rows are written while the rest
+                        # is computed (through a window of the ring when it is that long)
+                        in_pieces = row_tokens is not None and s.num_tokens > row_tokens
                         lease = ring.reserve(s.num_tokens, n_states, hidden, encoding,
-                                             window=window if windowed else None)
+                                             window=window if windowed else None, pieces=in_pieces)
                         if lease is None:
                             waiting = s  # the ring is full: hand out results first
                             break
                         fut = self._submit(ring.rid(lease, RID_PREFIX), s.input_ids.tolist())
-                        submitted.put((s, lease, _Windowed(s, lease, fut, int(row_tokens or 0)) if windowed else fut))
+                        submitted.put((s, lease, _Pieces(s, lease, fut, int(row_tokens or 0)) if in_pieces else fut))
                     inflight += 1
                 if inflight == 0:
                     if waiting is None:
@@ -192,7 +195,7 @@ class RingClient:
                 item = ready.get()
                 if isinstance(item, BaseException):
                     raise item
-                if isinstance(item, _Windowed):
+                if isinstance(item, _Pieces):
                     yield from self._pieces(item)
                 else:
                     yield item
@@ -211,7 +214,7 @@ class RingClient:
             job = submitted.get()
             if job is None or stop.is_set():
                 while job is not None:  # cancel what was submitted but will not be read
-                    fut = job[2].fut if isinstance(job[2], _Windowed) else job[2]
+                    fut = job[2].fut if isinstance(job[2], _Pieces) else job[2]
                     if isinstance(fut, cf.Future):
                         fut.cancel()
                     if job[1] is not None and self.ring is not None:
@@ -220,17 +223,17 @@ class RingClient:
                 return
             try:
                 s, lease, fut = job
-                item: BackendItem | _Windowed | BaseException = \
-                    fut if lease is None or isinstance(fut, _Windowed) else self._finish(s, lease, fut)
+                item: BackendItem | _Pieces | BaseException = \
+                    fut if lease is None or isinstance(fut, _Pieces) else self._finish(s, lease, fut)
             except BaseException as e:  # handed to the consumer, which raises it
                 item = e
             ready.put(item)
             if isinstance(item, BaseException):
                 return
 
-    def _pieces(self, w: "_Windowed") -> Iterator[BackendItem]:
-        """A windowed sample's states, piece by piece as they arrive (on the consumer's thread: the
-        engine waits for room while the consumer writes the previous piece out), then its outcome."""
+    def _pieces(self, w: "_Pieces") -> Iterator[BackendItem]:
+        """A long sample's states, piece by piece as they arrive (on the consumer's thread: for a windowed
+        region the engine waits for room while the consumer writes the previous piece out), then its outcome."""
         ring = self.ring
         assert ring is not None
         s, lease, T = w.sample, w.lease, w.sample.num_tokens

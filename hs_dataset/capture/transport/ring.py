@@ -42,9 +42,10 @@ class Lease:
     info: SlotInfo
     base: torch.Tensor | None = None  # the region's bytes, once handed out
     abandoned: bool = False
-    # windowed regions: the pieces handed out and not yet released, as (stop position, their bytes)
+    in_pieces: bool = False  # handed out piece by piece as positions arrive (always, for a windowed region)
+    # the pieces handed out and not yet released, as (stop position, their bytes)
     pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
-    consumed: int = 0  # windowed regions: positions released to the producer
+    consumed: int = 0  # positions released (for a windowed region: to the producer, which may write them again)
 
 
 class Ring:
@@ -140,7 +141,7 @@ class Ring:
         for le in done:
             le.base = None
             self._drop(le)
-        for le in [le for le in self._leases.values() if le.info.windowed and not le.abandoned]:
+        for le in [le for le in self._leases.values() if le.in_pieces and not le.abandoned]:
             self._release_pieces(le)
             if le.consumed >= le.info.num_tokens:
                 self._drop(le)
@@ -148,7 +149,7 @@ class Ring:
         return len(done)
 
     def _release_pieces(self, lease: Lease) -> None:
-        """A windowed region: tell the producer which rows it may write again (pieces nobody references)."""
+        """Release the pieces nobody references, in order (a windowed region's producer may write their rows again)."""
         while lease.pieces and _use_count(lease.pieces[0][1]) <= 2:
             lease.consumed = lease.pieces.pop(0)[0]
             _put(self._mm, _S_CONSUMED, lease.consumed, self._slot(lease.seq))
@@ -158,12 +159,13 @@ class Ring:
         return _align(region_bytes(num_tokens, n_states, hidden, ENCODINGS[encoding]), _ALIGN) <= self.capacity
 
     def reserve(self, num_tokens: int, n_states: int, hidden: int, encoding: str, *,
-                window: int | None = None) -> Lease | None:
+                window: int | None = None, pieces: bool = False) -> Lease | None:
         """Reserve a region and a slot for a new request; None while the ring is too full.
 
         ``window``: a windowed region of that many rows (when fewer than ``num_tokens``): the request's
         states then pass through it piece by piece (:meth:`views` of ``[start, stop)``, released once
-        unreferenced), the producer waiting for room (see :class:`SlotInfo`).
+        unreferenced), the producer waiting for room (see :class:`SlotInfo`). ``pieces``: a whole region
+        handed out the same way (so that the consumer writes a long sample's rows while the rest arrives).
         """
         if n_states > _MAX_STATES:
             raise TransportError(f"{n_states} states per token; the ring carries at most {_MAX_STATES}")
@@ -188,6 +190,7 @@ class Ring:
                 return None
             lease = Lease(seq, offset, nbytes, SlotInfo(seq, offset, num_tokens, n_states, hidden, enc,
                                                         rows if rows < num_tokens else 0))
+            lease.in_pieces = pieces or lease.info.windowed
             self._leases[seq] = lease
         base = self._slot(seq)
         mm = self._mm
@@ -254,7 +257,7 @@ class Ring:
             if now > deadline:
                 raise TransportError(f"no hidden states for request seq {lease.seq} at position {rows} of {T} "
                                      f"after {timeout:.0f} s (ring {self.path})")
-            if lease.info.windowed:  # the consumer dropped a piece: the producer may write its rows again
+            if lease.in_pieces:  # the consumer dropped a piece: a windowed region's producer may write its rows again
                 with self._lock:
                     self._release_pieces(lease)
             if alive is not None and now > next_alive:
@@ -284,14 +287,15 @@ class Ring:
         # cannot unmap the ring under a live view (torch.frombuffer alone keeps no buffer export).
         base = torch.frombuffer(memoryview(self._mm)[a:a + lease.nbytes], dtype=torch.uint8)
         R = i.rows
-        if i.windowed:
+        if lease.in_pieces:
             if not 0 <= start < stop <= i.num_tokens or stop - start > R or (start % R) + (stop - start) > R \
                     or start != (lease.pieces[-1][0] if lease.pieces else lease.consumed):
-                raise ValueError(f"positions {start}..{stop} of request seq {lease.seq}: a windowed region hands out "
-                                 f"its positions in order, within its {R}-row window")
+                raise ValueError(f"positions {start}..{stop} of request seq {lease.seq}: a region in pieces hands out "
+                                 f"its positions in order, within its {R} rows")
         elif (start, stop) != (0, i.num_tokens):
-            raise ValueError("a whole region hands out all its positions at once")
-        lo, hi = start % R if i.windowed else 0, (start % R if i.windowed else 0) + stop - start
+            raise ValueError("a whole region hands out all its positions at once (reserve it with pieces=True)")
+        lo = start % R  # a windowed region wraps; a whole one holds position p at row p
+        hi = lo + stop - start
         if i.encoding == ENCODINGS["bfloat16"]:
             states, scales = base.view(torch.bfloat16).view(i.n_states, R, i.hidden)[:, lo:hi], None
         else:
@@ -299,7 +303,7 @@ class Ring:
             at = i.scale_offset(0) - i.offset
             scales = base[at:at + i.n_states * R * 4].view(torch.float32).view(i.n_states, R)[:, lo:hi]
         with self._lock:  # reclaimable from now on, and the views above already count as references
-            if i.windowed:
+            if lease.in_pieces:
                 self._release_pieces(lease)
                 lease.pieces.append((stop, base))
             else:
