@@ -22,6 +22,7 @@ import datasets
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.builder import HiddenStatesBuilder
 from hs_dataset.write.drop_rows import drop_rows
+from hs_dataset.write.parallel_files import parallel_url
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
@@ -39,7 +40,8 @@ def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesC
     """``download_and_prepare`` into ``staging``; an error is raised as itself, not wrapped by datasets."""
     err: BaseException | None = None
     try:
-        builder.download_and_prepare(str(staging), file_format=config.file_format,
+        # through ParallelLocalFileSystem: each large write split across threads (hs_dataset.write.parallel_files)
+        builder.download_and_prepare(parallel_url(staging), file_format=config.file_format,
                                      max_shard_size=config.max_shard_bytes,
                                      download_mode=datasets.DownloadMode.FORCE_REDOWNLOAD)
     except datasets.exceptions.DatasetGenerationError as e:
