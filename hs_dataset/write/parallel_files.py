@@ -68,7 +68,7 @@ class ParallelWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         n = len(view)
         if n >= 2 * PIECE_BYTES and write_threads() > 1:
