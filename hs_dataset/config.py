@@ -26,7 +26,7 @@ from typing import Any, Literal
 from hs_dataset.errors import ConfigError
 from hs_dataset.layout import (BACKENDS, FILE_FORMATS, MASK_MODES, NONFINITE_POLICIES, RESPONSES_MODES, SAMPLE_ID_MODES,
                                STORAGE_DTYPES, TRUNCATION_MODES, FileFormat, MaskMode, NonfinitePolicy, ResponsesMode,
-                               SampleIdMode, StorageDtype, TruncationMode)
+                               SampleIdMode, StorageDtype, TruncationMode, parse_teacher)
 
 __all__ = ["CHOICES", "CONTENT_FIELDS", "GenerationOptions", "HiddenStatesConfig", "coerce_field", "config_fields",
            "describe_type", "did_you_mean", "field_types"]
@@ -124,6 +124,9 @@ class HiddenStatesConfig:
                       choices=BACKENDS)
     backend_options: dict[str, Any] = _f(dict, "the backend's options (e.g. tp_size, ring_bytes, engine_args)")
     storage_dtype: StorageDtype = _f("bfloat16", "exact bf16 bits, or fp8 e4m3 with a per-token scale (half the bytes)")
+    teacher: str | None = _f(None, "topk:K: also store the target's top-K log-probs and logsumexp at loss-masked "
+                                   "positions (computed on the engine's GPU)")
+    store_final: bool = _f(True, "store hidden_final; false (with teacher) leaves it out: the teacher replaces it")
     on_nonfinite: NonfinitePolicy = _f("fail", "NaN/Inf in a state: stop the build (fail) or reject the sample")
     max_samples: int | None = _f(None, "build at most this many source rows (default: all)")
     part_size: int = _f(256, "source rows per resumable part")
@@ -143,6 +146,13 @@ class HiddenStatesConfig:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: use one of {', '.join(allowed)}", field=name,
                                   value=getattr(self, name))
+        try:
+            parse_teacher(self.teacher)
+        except ValueError as e:
+            raise ConfigError(str(e), field="teacher", value=self.teacher) from None
+        if not isinstance(self.store_final, bool) or (not self.store_final and not self.teacher):
+            raise ConfigError(f"store_final={self.store_final!r}: true, or false with teacher=topk:K (a build needs the "
+                              "final state or the teacher's distribution)", field="store_final", value=self.store_final)
         if not isinstance(self.trust_remote_code, bool):
             raise ConfigError(f"trust_remote_code={self.trust_remote_code!r}: use true or false "
                               "(--set trust_remote_code=true)")
@@ -161,6 +171,8 @@ class HiddenStatesConfig:
     def content_key(self) -> dict[str, Any]:
         """The fields that decide the rows; a resumed build must match them exactly."""
         key = {k: (list(v) if isinstance(v, tuple) else v) for k, v in ((k, getattr(self, k)) for k in CONTENT_FIELDS)}
+        if self.teacher or not self.store_final:  # builds made before teachers existed keep their key
+            key.update(teacher=self.teacher, store_final=self.store_final)
         if self.max_length > self.row_tokens:  # only then it decides rows: shorter builds keep their key
             key["row_tokens"] = self.row_tokens
         if self.responses != "source":  # only then: builds made before regeneration existed keep their key

@@ -22,7 +22,8 @@ from typing import Literal, get_args
 __all__ = [
     "BACKENDS", "DAMAGED_FILE", "DATA_DIR", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES", "META_FILE",
     "MESSAGES_COLUMN", "NONFINITE_POLICIES", "README_FILE", "REDACTED_FILE", "REJECTS_FILE", "RESPONSES_MODES",
-    "SAMPLE_TOKENS_COLUMN", "TOKEN_START_COLUMN",
+    "SAMPLE_TOKENS_COLUMN", "TEACHER_IDS_COLUMN", "TEACHER_LOGPROBS_COLUMN", "TEACHER_LSE_COLUMN",
+    "TOKEN_START_COLUMN", "parse_teacher",
     "ResponsesMode", "SAMPLE_ID_MODES", "SHARD_RE", "STATE_DIR", "STORAGE_DTYPES", "TRUNCATION_MODES", "BackendName",
     "FileFormat", "MaskMode", "NonfinitePolicy",
     "SampleIdMode", "StorageDtype", "TruncationMode", "layer_column", "layer_of", "scale_column", "shard_name",
@@ -81,6 +82,23 @@ MESSAGES_COLUMN = "messages"  # regenerate builds: the conversation as trained o
 # of that range). Rows of one sample share its id and are adjacent, in token order.
 TOKEN_START_COLUMN = "token_start"
 SAMPLE_TOKENS_COLUMN = "sample_tokens"
+# Builds with teacher="topk:K" (hs_dataset.codec.teacher): at each loss-masked position of the row, in order, the
+# target's top-K token ids (highest first: the first is the argmax), their log-probabilities, and the logsumexp.
+TEACHER_IDS_COLUMN = "teacher_ids"
+TEACHER_LOGPROBS_COLUMN = "teacher_logprobs"
+TEACHER_LSE_COLUMN = "teacher_lse"
+
+
+def parse_teacher(spec: str | None) -> int:
+    """``"topk:64"`` -> 64; None or ``""`` -> 0. Raises ValueError naming the accepted form."""
+    if not spec:
+        return 0
+    kind, _, k = str(spec).partition(":")
+    if kind != "topk" or not k.isdigit() or not 1 <= int(k) <= 1024:
+        raise ValueError(f"teacher={spec!r}: use topk:K with 1 <= K <= 1024 (e.g. topk:64), or leave it unset")
+    return int(k)
+
+
 LAYER_PREFIX = "hidden_layer_"
 FINAL_COLUMN = "hidden_final"
 SCALE_SUFFIX = "_scale"

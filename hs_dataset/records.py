@@ -96,6 +96,9 @@ class CaptureResult:
     nonfinite: tuple[int, ...] | None = None
     scales: torch.Tensor | None = None
     token_start: int = 0
+    # The teacher's top-k at every position (hs_dataset.codec.teacher): ids int32 [T, k], log-probs float32
+    # [T, k], logsumexp float32 [T]; None unless the build asked for it.
+    teacher: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_positions(self) -> int:

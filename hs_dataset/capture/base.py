@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, Protocol, Union
 
+from hs_dataset.errors import ConfigError
 from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo
 from hs_dataset.records import CaptureResult, Reject, TokenizedSample
@@ -39,6 +40,8 @@ class CaptureBackend(Protocol):
     * ``in_pieces`` (optional): True when it can deliver a long sample as several results in order,
       each a piece of ``row_tokens`` positions (:attr:`CaptureResult.token_start`); the build then
       asks for pieces (``capture(samples, row_tokens=..., max_tokens=...)``).
+    * ``teachers`` (optional): True when ``capture(samples, teacher_k=K)`` also gives the teacher's top-K of
+      every position (:attr:`CaptureResult.teacher`, :mod:`hs_dataset.codec.teacher`).
     * ``versions()``: package versions recorded in ``hs_dataset.json``; ``close()``.
     """
 
@@ -56,11 +59,23 @@ class CaptureBackend(Protocol):
 
 
 def start_capture(backend: CaptureBackend, samples: Iterable[TokenizedSample], storage_dtype: StorageDtype, *,
-                  row_tokens: int | None = None, max_tokens: int | None = None) -> Iterator[BackendItem]:
+                  row_tokens: int | None = None, max_tokens: int | None = None,
+                  teacher_k: int = 0) -> Iterator[BackendItem]:
     """``backend.capture(samples)``, asking for ``storage_dtype`` when the backend can deliver it, and,
     from a backend that delivers long samples in pieces (``in_pieces``), pieces of ``row_tokens``
-    positions (``max_tokens``: the longest sample, checked against its transport up front)."""
+    positions (``max_tokens``: the longest sample, checked against its transport up front); with
+    ``teacher_k``, the teacher's top-k (a backend without ``teachers`` is refused).
+
+    Raises:
+        ConfigError: ``teacher_k`` asked of a backend that cannot compute it.
+    """
     kw: dict[str, object] = {}
+    if teacher_k:
+        if not getattr(backend, "teachers", False):
+            raise ConfigError(f"the {getattr(backend, 'name', type(backend).__name__)} backend cannot compute the "
+                              "teacher's top-k: use backend transformers or sglang, or leave teacher unset",
+                              field="teacher")
+        kw["teacher_k"] = teacher_k
     if storage_dtype != "bfloat16" and storage_dtype in getattr(backend, "encodings", ("bfloat16",)):
         kw["encoding"] = storage_dtype
     if getattr(backend, "in_pieces", False) and row_tokens is not None:

@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 import torch
 
 from hs_dataset.capture.base import BackendItem
+from hs_dataset.codec.teacher import teacher_topk
 from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo, target_of
 from hs_dataset.prepare.regenerate import Generation, Prompt
@@ -71,6 +72,7 @@ class TransformersBackend:
 
     name = "transformers"
     continuous = False  # batches by a token budget: a resumed part must be batched as before
+    teachers = True  # capture(samples, teacher_k=K): the top-K of lm_head(final), on this backend's device
     encodings: tuple[StorageDtype, ...] = ("bfloat16",)
 
     def __init__(self, model: str | ModelInfo, layers: Iterable[int], *, revision: str | None = None,
@@ -98,7 +100,20 @@ class TransformersBackend:
 
         return {"transformers": transformers.__version__, "torch": torch.__version__}
 
-    def capture(self, samples: Iterable[TokenizedSample]) -> Iterator[BackendItem]:
+    def capture(self, samples: Iterable[TokenizedSample], *, teacher_k: int = 0) -> Iterator[BackendItem]:
+        """Results in input order; with ``teacher_k`` each carries the teacher's top-k (:mod:`hs_dataset.codec.teacher`)."""
+        for r in self._capture(samples):
+            if teacher_k and isinstance(r, CaptureResult):
+                r.teacher = self._teacher(r.final, teacher_k)
+            yield r
+
+    @torch.inference_mode()
+    def _teacher(self, final: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        weight = self._lm.get_output_embeddings().weight
+        ids, lp, lse = teacher_topk(final.to(self.device), weight[:self.info.vocab_size], k)
+        return ids.cpu(), lp.cpu(), lse.cpu()
+
+    def _capture(self, samples: Iterable[TokenizedSample]) -> Iterator[BackendItem]:
         batch: list[TokenizedSample] = []
         longest = 0
         for s in samples:

@@ -24,12 +24,13 @@ from datasets import Array2D, Features, List, Value
 
 from hs_dataset.codec.fp8 import fp8_dequantize, fp8_quantize
 from hs_dataset.errors import ConfigError, SampleError
-from hs_dataset.layout import (MESSAGES_COLUMN, SAMPLE_TOKENS_COLUMN, STORAGE_DTYPES, TOKEN_START_COLUMN, StorageDtype,
-                               scale_column, state_columns)
+from hs_dataset.layout import (MESSAGES_COLUMN, SAMPLE_TOKENS_COLUMN, STORAGE_DTYPES, TEACHER_IDS_COLUMN,
+                               TEACHER_LOGPROBS_COLUMN, TEACHER_LSE_COLUMN, TOKEN_START_COLUMN, StorageDtype, scale_column,
+                               state_columns)
 from hs_dataset.records import CaptureResult
 
 __all__ = ["bf16_bits", "bytes_per_token", "check_finite", "check_storage_dtype", "encode_row",
-           "fp8_decode", "fp8_encode", "make_features", "row_pieces", "row_table"]
+           "fp8_decode", "fp8_encode", "make_features", "row_pieces", "row_table", "stored_state_columns"]
 
 
 def check_storage_dtype(storage_dtype: str) -> StorageDtype:
@@ -45,9 +46,11 @@ def check_storage_dtype(storage_dtype: str) -> StorageDtype:
 
 
 def make_features(layers: tuple[int, ...], hidden_size: int, storage_dtype: StorageDtype = "bfloat16", *,
-                  messages: bool = False, long_rows: bool = False) -> Features:
+                  messages: bool = False, long_rows: bool = False, teacher_k: int = 0,
+                  store_final: bool = True) -> Features:
     """The dataset schema for these layers (``messages``: a regenerate build's conversation column;
-    ``long_rows``: a build whose samples may span several rows, with ``token_start`` and ``sample_tokens``)."""
+    ``long_rows``: a build whose samples may span several rows, with ``token_start`` and ``sample_tokens``;
+    ``teacher_k``: the teacher's top-k columns; ``store_final=False``: no ``hidden_final``)."""
     check_storage_dtype(storage_dtype)
     cols: dict[str, Any] = {"id": Value("string")}
     if messages:
@@ -61,11 +64,21 @@ def make_features(layers: tuple[int, ...], hidden_size: int, storage_dtype: Stor
         cols[TOKEN_START_COLUMN] = Value("int32")
         cols[SAMPLE_TOKENS_COLUMN] = Value("int32")
     bits = "uint16" if storage_dtype == "bfloat16" else "uint8"
-    for c in state_columns(layers):
+    for c in stored_state_columns(layers, store_final):
         cols[c] = Array2D(shape=(None, hidden_size), dtype=bits)
         if storage_dtype == "fp8_e4m3":
             cols[scale_column(c)] = List(Value("float32"))
+    if teacher_k:
+        cols[TEACHER_IDS_COLUMN] = Array2D(shape=(None, teacher_k), dtype="int32")
+        cols[TEACHER_LOGPROBS_COLUMN] = Array2D(shape=(None, teacher_k), dtype="float32")
+        cols[TEACHER_LSE_COLUMN] = List(Value("float32"))
     return Features(cols)
+
+
+def stored_state_columns(layers: tuple[int, ...] | list[int], store_final: bool = True) -> list[str]:
+    """The hidden-state columns a build stores: the layers, then ``hidden_final`` unless ``store_final`` is False."""
+    cols = state_columns(layers)
+    return cols if store_final else cols[:-1]
 
 
 def bytes_per_token(n_states: int, hidden_size: int, storage_dtype: StorageDtype = "bfloat16") -> int:
@@ -129,15 +142,20 @@ def row_pieces(result: CaptureResult, row_tokens: int) -> list[CaptureResult]:
         hi = min(a + n, (lo // row_tokens + 1) * row_tokens)
         out.append(dataclasses.replace(
             result, states=result.states[:, lo - a:hi - a], token_start=lo,
-            scales=None if result.scales is None else result.scales[:, lo - a:hi - a]))
+            scales=None if result.scales is None else result.scales[:, lo - a:hi - a],
+            teacher=None if result.teacher is None else (result.teacher[0][lo - a:hi - a],
+                                                         result.teacher[1][lo - a:hi - a],
+                                                         result.teacher[2][lo - a:hi - a])))
     return out
 
 
 def encode_row(result: CaptureResult, storage_dtype: StorageDtype = "bfloat16", *,
-               check_nonfinite: bool = True, long_rows: bool = False) -> dict[str, Any]:
+               check_nonfinite: bool = True, long_rows: bool = False, store_final: bool = True,
+               teacher: bool = False) -> dict[str, Any]:
     """One dataset row for a captured sample, or for positions ``[token_start, token_start + n)`` of one
-    (``long_rows``: with the ``token_start`` and ``sample_tokens`` columns). Raises SampleError on NaN/Inf
-    (names the layer)."""
+    (``long_rows``: with the ``token_start`` and ``sample_tokens`` columns; ``teacher``: the teacher's
+    top-k at the row's loss-masked positions; ``store_final=False``: without ``hidden_final``). Raises
+    SampleError on NaN/Inf (names the layer) and on a teacher missing or non-finite."""
     s = result.sample
     cols = state_columns(result.layers)
     a, n = result.token_start, result.num_positions
@@ -156,7 +174,15 @@ def encode_row(result: CaptureResult, storage_dtype: StorageDtype = "bfloat16", 
         TOKEN_START_COLUMN: a,
         SAMPLE_TOKENS_COLUMN: s.num_tokens,
     }
-    for i, c in enumerate(cols):
+    if teacher:
+        if result.teacher is None or result.teacher[0].shape[0] != n:
+            raise SampleError(TEACHER_IDS_COLUMN, "the backend gave no teacher top-k for these positions")
+        masked = torch.from_numpy(np.ascontiguousarray(row["loss_mask"]).astype(bool))
+        ids, logprobs, lse = (t[masked].contiguous().numpy() for t in result.teacher)
+        if not (np.isfinite(lse).all() and np.isfinite(logprobs).all()):
+            raise SampleError(TEACHER_LOGPROBS_COLUMN, "non-finite teacher log-probabilities")
+        row[TEACHER_IDS_COLUMN], row[TEACHER_LOGPROBS_COLUMN], row[TEACHER_LSE_COLUMN] = ids, logprobs, lse
+    for i, c in enumerate(cols if store_final else cols[:-1]):
         if storage_dtype == "bfloat16":
             row[c] = bf16_bits(result.states[i])
         elif result.scales is not None:  # quantized by the backend: stored as it is, no copy

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hs_dataset.codec.encode import check_storage_dtype
 from hs_dataset.errors import InteropError
+from hs_dataset.integrity.verify import read_meta
 from hs_dataset.interop.common import EXPORT_SIDECAR, LAYER_IDS_FILE, ExportSummary, read_sidecar
 from hs_dataset.interop.importer import FileCaptureBackend, ImportSummary, run_import
 from hs_dataset.interop.layer_ids import drafter_layer_ids
@@ -59,8 +60,17 @@ def export_dataset(src: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
         on_sample: SpecForge only: called with each sample's index after it is written.
 
     Raises:
-        InteropError: an unknown format, or what the format's exporter refuses.
+        InteropError: an unknown format, a build the peers' files cannot carry (no ``hidden_final``, samples
+            spanning rows), or what the format's exporter refuses.
     """
+    meta = read_meta(Path(src))
+    if meta.get("store_final") is False:
+        raise InteropError(f"{src} stores the teacher's top-k instead of hidden_final (store_final=false): {fmt}'s "
+                           "files carry the final state of every position, which this build does not have; rebuild "
+                           "with store_final=true to export it")
+    if meta.get("long_rows"):
+        raise InteropError(f"{src} stores samples longer than row_tokens {meta.get('row_tokens')} as several rows; {fmt}'s "
+                           "files hold one whole sample each: rebuild with row_tokens >= max_length to export it")
     if fmt == "specforge":
         return export_specforge(src, out, group_size=group_size, layers=layers, on_sample=on_sample)
     if fmt == "speculators":

@@ -25,7 +25,7 @@ import torch
 
 # registers TORCH_FORMAT: a bare (spawned) DataLoader worker unpickling a collator has it
 import hs_dataset.read.torch_format  # noqa: F401
-from hs_dataset.layout import FINAL_COLUMN, layer_of
+from hs_dataset.layout import FINAL_COLUMN, TEACHER_IDS_COLUMN, TEACHER_LOGPROBS_COLUMN, TEACHER_LSE_COLUMN, layer_of
 from hs_dataset.read.safe_views import libc_madvise
 
 __all__ = ["DrafterCollator", "empty_batch_tensor"]
@@ -94,7 +94,11 @@ class DrafterCollator:
     SpecForge's layout). Packed (``packed=True``) output: ``input_ids``, ``loss_mask`` and
     ``position_ids`` (int64 [1, L], L = the sum of the lengths), ``cu_seqlens`` (int32 [B + 1], the
     sample boundaries, as flash-attention's varlen kernels take them), ``hidden_states`` [1, L, H]
-    and ``aux_hidden_states`` [1, L, n*H]. Each state is copied once, straight into its place.
+    and ``aux_hidden_states`` [1, L, n*H]. Each state is copied once, straight into its place. A build
+    without ``hidden_final`` (``store_final=False``) has no ``hidden_states``; a teacher build adds, at
+    every position, ``teacher_ids`` (int64 [B, T, k], -1 where the loss mask is 0), ``teacher_logprobs``
+    (float32 [B, T, k], -inf there) and ``teacher_lse`` (float32 [B, T]); :func:`hs_dataset.read.teacher.draft_target`
+    turns them into the distillation target over a draft vocabulary.
 
     Args:
         max_length: cut each sample to its first ``max_length`` tokens.
@@ -140,7 +144,8 @@ class DrafterCollator:
             raise ValueError("DrafterCollator got an empty batch")
         layer_cols = sorted((c for c in samples[0] if layer_of(c) is not None), key=lambda c: layer_of(c) or 0)
         lens = [min(int(s["input_ids"].shape[0]), self.max_length or 1 << 62) for s in samples]
-        H = samples[0][FINAL_COLUMN].shape[-1]
+        final = FINAL_COLUMN in samples[0]
+        H = samples[0][FINAL_COLUMN if final else layer_cols[0]].shape[-1]
         if self.packed:
             starts = np.concatenate(([0], np.cumsum(lens)))
             rows = [(0, int(a), n) for a, n in zip(starts, lens)]
@@ -153,9 +158,15 @@ class DrafterCollator:
             "input_ids": small((B, T), self.pad_token_id, dtype=torch.long),
             "loss_mask": small((B, T), 0, dtype=torch.long),
             # not zeroed: every position is written below, the padding with zeros
-            "hidden_states": self._buffer("hidden_states", (B, T, H)),
             "aux_hidden_states": self._buffer("aux_hidden_states", (B, T, len(layer_cols) * H)),
         }
+        if final:
+            batch["hidden_states"] = self._buffer("hidden_states", (B, T, H))
+        if TEACHER_IDS_COLUMN in samples[0]:
+            k = samples[0][TEACHER_IDS_COLUMN].shape[-1]
+            batch["teacher_ids"] = torch.full((B, T, k), -1, dtype=torch.long)
+            batch["teacher_logprobs"] = torch.full((B, T, k), -math.inf, dtype=torch.float32)
+            batch["teacher_lse"] = torch.full((B, T), math.nan, dtype=torch.float32)
         if self.packed:
             batch["position_ids"] = small((B, T), 0, dtype=torch.long)
             batch["cu_seqlens"] = torch.from_numpy(starts.astype(np.int32))
@@ -168,12 +179,21 @@ class DrafterCollator:
                 batch["position_ids"][b, a:a + n] = torch.arange(n)
             else:
                 batch["attention_mask"][b, :n] = 1
-            _copy_bf16(batch["hidden_states"][b, a:a + n], s[FINAL_COLUMN][:n])
+            if final:
+                _copy_bf16(batch["hidden_states"][b, a:a + n], s[FINAL_COLUMN][:n])
             for j, c in enumerate(layer_cols):
                 _copy_bf16(batch["aux_hidden_states"][b, a:a + n, j * H:(j + 1) * H], s[c][:n])
             if not self.packed and n < T:
-                batch["hidden_states"][b, n:] = 0
+                if final:
+                    batch["hidden_states"][b, n:] = 0
                 batch["aux_hidden_states"][b, n:] = 0
+            if "teacher_ids" in batch:  # stored at the masked positions, in order: put back at their positions
+                pos = torch.nonzero(torch.as_tensor(s["loss_mask"]) != 0).flatten()
+                keep = pos < n
+                at = a + pos[keep]
+                batch["teacher_ids"][b, at] = s[TEACHER_IDS_COLUMN][keep].long()
+                batch["teacher_logprobs"][b, at] = s[TEACHER_LOGPROBS_COLUMN][keep]
+                batch["teacher_lse"][b, at] = s[TEACHER_LSE_COLUMN][keep]
         return batch
 
 

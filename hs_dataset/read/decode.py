@@ -17,8 +17,8 @@ import pyarrow as pa
 import torch
 
 from hs_dataset.codec.encode import fp8_decode
-from hs_dataset.layout import (FINAL_COLUMN, MESSAGES_COLUMN, SAMPLE_TOKENS_COLUMN, TOKEN_START_COLUMN, layer_of,
-                               scale_column)
+from hs_dataset.layout import (FINAL_COLUMN, MESSAGES_COLUMN, SAMPLE_TOKENS_COLUMN, TEACHER_IDS_COLUMN,
+                               TEACHER_LOGPROBS_COLUMN, TEACHER_LSE_COLUMN, TOKEN_START_COLUMN, layer_of, scale_column)
 from hs_dataset.read.safe_views import SafeViews
 
 __all__ = ['column_bits', 'decode_row', 'decode_state', 'list_values', 'state_columns_of']
@@ -101,8 +101,9 @@ def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None
         those in ``columns``) as ``torch.bfloat16 [T, H]``, and in regenerate builds ``messages`` (the
         conversation as JSON text), and in builds whose samples span rows ``token_start`` and
         ``sample_tokens`` (ints: the row holds positions ``[token_start, token_start + T)`` of a sample
-        of ``sample_tokens``). Every tensor can be written to in place without touching the
-        dataset's files.
+        of ``sample_tokens``); in teacher builds ``teacher_ids`` (int32 [M, k]), ``teacher_logprobs``
+        (float32 [M, k]) and ``teacher_lse`` (float32 [M]) at the M loss-masked positions. Every tensor
+        can be written to in place without touching the dataset's files.
 
     Raises:
         TypeError: a column holds neither bf16 nor fp8 bits.
@@ -118,4 +119,9 @@ def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None
             out[c] = list_values(table.column(c), i, views=views)
     for c in columns if columns is not None else state_columns_of(table):
         out[c] = decode_state(table, c, i, views=views)
+    for c in (TEACHER_IDS_COLUMN, TEACHER_LOGPROBS_COLUMN):  # teacher builds: [M, k] at the M masked positions
+        if c in names:
+            out[c] = column_bits(table.column(c), i, views=views)
+    if TEACHER_LSE_COLUMN in names:
+        out[TEACHER_LSE_COLUMN] = list_values(table.column(TEACHER_LSE_COLUMN), i, views=views)
     return out

@@ -116,7 +116,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         return datasets.DatasetInfo(
             description=f"Hidden states of {r.info.architecture} ({r.info.path}) for EAGLE-3 drafter training",
             features=make_features(r.layers, r.info.hidden_size, r.storage_dtype,
-                                   messages=r.config.responses == "regenerate", long_rows=r.long_rows),
+                                   messages=r.config.responses == "regenerate", long_rows=r.long_rows,
+                                   teacher_k=r.teacher_k, store_final=r.config.store_final),
         )
 
     def _split_generators(self, dl_manager: Any) -> list[datasets.SplitGenerator]:
@@ -152,7 +153,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
 
         r = self.resolved
         yield from start_capture(backend, counted(), r.storage_dtype, row_tokens=r.row_tokens,
-                                 max_tokens=r.config.max_length)
+                                 max_tokens=r.config.max_length, teacher_k=r.teacher_k)
 
     def _generate_tables(self, start: int, stop: int | None) -> Iterator[tuple[Key, Any]]:
         cfg = self.resolved.config
@@ -161,7 +162,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         backend = self._backend or make_backend(cfg.backend, self.resolved.info, self.layers,
                                                 options=cfg.backend_options, trust_remote_code=cfg.trust_remote_code)
         cols = state_columns(self.layers)
-        R, long_rows = self.resolved.row_tokens, self.resolved.long_rows
+        R, long_rows, teacher = self.resolved.row_tokens, self.resolved.long_rows, bool(self.resolved.teacher_k)
         i = 0
         partial: dict[str, int] = {}  # samples with rows written and more to come: their rows so far
         skipping: set[str] = set()  # samples rejected with more pieces to come
@@ -181,7 +182,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                     del item  # the loop variable would keep the piece's ring rows while the next one is awaited
                     continue
                 try:
-                    rows = [encode_row(p, cfg.storage_dtype, long_rows=long_rows) for p in row_pieces(item, R)]
+                    rows = [encode_row(p, cfg.storage_dtype, long_rows=long_rows, store_final=cfg.store_final,
+                                       teacher=teacher) for p in row_pieces(item, R)]
                 except SampleError as e:
                     if cfg.on_nonfinite == "fail" and e.field in cols:
                         raise NonFiniteError(

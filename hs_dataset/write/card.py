@@ -61,7 +61,9 @@ def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format
         features = make_features(tuple(metadata["layers"]), int(model["hidden_size"]),
                                  metadata.get("storage_dtype", "bfloat16"),
                                  messages=(metadata.get("config") or {}).get("responses") == "regenerate",
-                                 long_rows=bool(metadata.get("long_rows")))
+                                 long_rows=bool(metadata.get("long_rows")),
+                                 teacher_k=int((metadata.get("teacher") or {}).get("k", 0)),
+                                 store_final=metadata.get("store_final", True) is not False)
         info = datasets.DatasetInfo(features=features)
         info.splits = datasets.SplitDict()
         info.splits.add(datasets.SplitInfo(name="train", num_bytes=num_bytes, num_examples=num_examples))

@@ -25,7 +25,8 @@ from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.errors import EmptyBuildError
 from hs_dataset.integrity.metadata import REJECTS_HASH_KEY, rejects_digest
 from hs_dataset.integrity.redact import redact
-from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, state_columns
+from hs_dataset.codec.encode import stored_state_columns
+from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.model_info import LAYER_CONVENTION
 from hs_dataset.prepare.source_spec import resolve_source
@@ -89,7 +90,7 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
         "model": info.to_dict(),
         "layers": list(layers),
         "layer_convention": LAYER_CONVENTION,
-        "columns": state_columns(layers),
+        "columns": stored_state_columns(layers, config.store_final),
         "storage_dtype": config.storage_dtype,
         "stored_as": "uint16 bit patterns of bfloat16" if config.storage_dtype == "bfloat16"
         else "uint8 bit patterns of float8_e4m3fn + per-token float32 scale (amax/448) in <column>_scale",
@@ -99,6 +100,10 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
         # a sample is one row, or (long_rows) rows of at most row_tokens positions: token_start, sample_tokens
         "row_tokens": resolved.row_tokens,
         "long_rows": resolved.long_rows,
+        # teacher="topk:K": teacher_ids/_logprobs/_lse at each row's loss-masked positions (hs_dataset.codec.teacher)
+        "teacher": {"k": resolved.teacher_k, "positions": "loss-masked", "logprobs": "log_softmax(lm_head(final)), fp32",
+                    "argmax": "teacher_ids[:, 0]"} if resolved.teacher_k else None,
+        "store_final": config.store_final,
         "mask": config.mask,
         "truncation": config.truncation,
         "source": config.source,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from hs_dataset.codec.limits import max_row_tokens
 from hs_dataset.config import HiddenStatesConfig
-from hs_dataset.layout import StorageDtype
+from hs_dataset.layout import StorageDtype, parse_teacher
 from hs_dataset.model_info import ModelInfo, check_layers, read_model_info
 from hs_dataset.prepare.tokenizer import load_tokenizer, tokenizer_record
 
@@ -57,6 +57,11 @@ class ResolvedBuild:
     def long_rows(self) -> bool:
         """Whether a sample may span several rows (then rows carry ``token_start`` and ``sample_tokens``)."""
         return self.config.max_length > self.row_tokens
+
+    @property
+    def teacher_k(self) -> int:
+        """K of ``teacher="topk:K"`` (0: no teacher)."""
+        return parse_teacher(self.config.teacher)
 
     @property
     def vocab_size(self) -> int:

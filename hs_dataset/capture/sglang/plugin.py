@@ -180,7 +180,8 @@ def _after_load_model(result, runner, *args, **kwargs):
         bad = [k for k in cfg["layers"] if not 0 <= k <= num_layers - 1]
         if bad:
             raise RuntimeError(f"layers {bad} out of range 0..{num_layers - 1}")
-        S.text, S.tp_rank = text, tp_rank
+        S.text, S.tp_rank, S.tp_size = text, tp_rank, tp_size
+        S.vocab_size = int(getattr(text.config, "vocab_size", 0) or 0)
         S.aux_ids = [k + 1 for k in cfg["layers"] if k < num_layers - 1]
         S.prenorm = num_layers - 1 in cfg["layers"]
         _capture_on(False)  # off until a pass holds requests of ours
@@ -245,7 +246,7 @@ def _around_logits(original, lp, input_ids, hidden_states, lm_head, logits_metad
     if fb is not None and lp is getattr(S.text, "logits_processor", lp):
         S.batch = None  # once per forward pass
         if S.tp_rank == 0:
-            copy_pass(fb, hidden_states, aux_hidden_states, S.prenorm_state)
+            copy_pass(fb, hidden_states, aux_hidden_states, S.prenorm_state, lm_head)
         mode = getattr(fb, "capture_hidden_mode", None)
         if mode is not None and not mode.need_capture():
             aux_hidden_states = None  # nobody else asked for them: spare the LogitsProcessor their pruning

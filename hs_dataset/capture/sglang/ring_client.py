@@ -83,7 +83,8 @@ class RingClient:
             return None
         return (-(-int(chunk) // row_tokens) + 3) * row_tokens
 
-    def _check_window(self, row_tokens: int, max_tokens: int | None, n_states: int, encoding: str) -> int | None:
+    def _check_window(self, row_tokens: int, max_tokens: int | None, n_states: int, encoding: str,
+                      teacher_k: int = 0) -> int | None:
         """The window for samples larger than half the ring, or None when the ring cannot hold one (then
         every sample must fit whole); raises up front when ``max_tokens`` needs a window and none fits.
 
@@ -95,9 +96,9 @@ class RingClient:
         assert ring is not None
         hidden, enc = self.info.hidden_size, ENCODINGS[encoding]
         window = self.window_rows(row_tokens)
-        room = (ring.capacity - region_bytes(row_tokens, n_states, hidden, enc)) // 2
-        fits = window is not None and region_bytes(window, n_states, hidden, enc) <= room
-        if max_tokens is None or region_bytes(max_tokens, n_states, hidden, enc) <= ring.capacity // 2 or fits:
+        room = (ring.capacity - region_bytes(row_tokens, n_states, hidden, enc, teacher_k)) // 2
+        fits = window is not None and region_bytes(window, n_states, hidden, enc, teacher_k) <= room
+        if max_tokens is None or region_bytes(max_tokens, n_states, hidden, enc, teacher_k) <= ring.capacity // 2 or fits:
             return window if fits else None
         need = f"a sample of max_length {max_tokens} tokens ({n_states} states x {hidden}) needs more than half the " \
                f"ring ({ring.capacity / 2**30:.2f} GiB) whole"
@@ -105,16 +106,17 @@ class RingClient:
             raise BackendError(f"{need}, and the engine computes each request in one pass (no chunked prefill), so "
                                "its states cannot pass through in pieces: raise backend_options.ring_bytes, or start "
                                "the engine with chunked prefill (backend_options.chunked_prefill_size)")
-        wbytes = region_bytes(window, n_states, hidden, enc)
+        wbytes = region_bytes(window, n_states, hidden, enc, teacher_k)
         ring_needed = 2 * wbytes + ring.capacity - 2 * room
         raise BackendError(f"{need}, and one window of {window} rows ({wbytes / 2**30:.2f} GiB: the engine's prefill "
                            f"chunk + 3 rows of row_tokens {row_tokens}) needs a ring of {ring_needed / 2**30:.2f} GiB: "
                            "raise backend_options.ring_bytes, or lower row_tokens or backend_options.chunked_prefill_size")
 
     in_pieces = True  # start_capture passes row_tokens and max_tokens
+    teachers = True  # start_capture passes teacher_k (the plugin computes the top-k on the GPU)
 
     def capture(self, samples: Iterable[TokenizedSample], *, encoding: str = "bfloat16", row_tokens: int | None = None,
-                max_tokens: int | None = None) -> Iterator[BackendItem]:
+                max_tokens: int | None = None, teacher_k: int = 0) -> Iterator[BackendItem]:
         """Submit samples and yield results in input order, states as views of the ring.
 
         ``encoding``: ``bfloat16`` or ``fp8_e4m3`` (quantized on the GPU; ``CaptureResult.scales``
@@ -131,14 +133,16 @@ class RingClient:
         drains first), samples after it are submitted as usual. Without ``row_tokens`` every sample must
         fit the ring whole (one result per sample). ``max_tokens`` (the build's max_length): checked up front
         against the ring (:class:`BackendError` naming the option when neither a whole sample nor a
-        window fits).
+        window fits). ``teacher_k``: the plugin also computes the teacher's top-k of every position
+        (:mod:`hs_dataset.codec.teacher`), handed out in ``CaptureResult.teacher``.
         """
         if encoding not in self.encodings:
             raise ValueError(f"encoding {encoding!r}: the sglang backend delivers {', '.join(self.encodings)}")
         ring = self.ring
         assert ring is not None
         n_states, hidden = len(self.layers) + 1, self.info.hidden_size
-        window = None if row_tokens is None else self._check_window(row_tokens, max_tokens, n_states, encoding)
+        window = None if row_tokens is None else self._check_window(row_tokens, max_tokens, n_states, encoding,
+                                                                    teacher_k)
         it = iter(samples)
         submitted: queue.Queue = queue.Queue()
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
@@ -160,10 +164,10 @@ class RingClient:
                     # windowed: a sample that would take over half the ring whole (the ring is allocated once:
                     # holding a smaller sample whole costs nothing, and it is batched with the others)
                     windowed = window is not None and s.num_tokens > window and \
-                        region_bytes(s.num_tokens, n_states, hidden, ENCODINGS[encoding]) > ring.capacity // 2
+                        region_bytes(s.num_tokens, n_states, hidden, ENCODINGS[encoding], teacher_k) > ring.capacity // 2
                     if s.num_tokens == 0:
                         submitted.put((s, None, Reject(s.sample_id, "input_ids", "no tokens to run", "capture")))
-                    elif not windowed and not ring.fits(s.num_tokens, n_states, hidden, encoding):
+                    elif not windowed and not ring.fits(s.num_tokens, n_states, hidden, encoding, teacher_k):
                         submitted.put((s, None, Reject(
                             s.sample_id, "input_ids", f"{s.num_tokens} tokens of {n_states} states need more than the "
                             f"ring's {ring.capacity / 2**30:.2f} GiB: raise backend_options.ring_bytes", "capture")))
@@ -175,7 +179,8 @@ class RingClient:
                         # is computed (through a window of the ring when it is that long)
                         in_pieces = row_tokens is not None and s.num_tokens > row_tokens
                         lease = ring.reserve(s.num_tokens, n_states, hidden, encoding,
-                                             window=window if windowed else None, pieces=in_pieces)
+                                             window=window if windowed else None, pieces=in_pieces,
+                                             teacher_k=teacher_k)
                         if lease is None:
                             waiting = s  # the ring is full: hand out results first
                             break
@@ -265,6 +270,7 @@ class RingClient:
             # the producer's NaN/Inf counts cover every position so far: all zero says this piece is clean
             seen = ring.nonfinite(lease)
             yield CaptureResult(sample=s, layers=self.layers, states=states, scales=scales, token_start=a,
+                                teacher=ring.teacher(lease, a, b) if lease.info.teacher_k else None,
                                 nonfinite=seen if not any(seen) else None)
             del states, scales
         reject = self._outcome(s, lease, w.fut)
@@ -316,5 +322,6 @@ class RingClient:
             ring.unlink()  # attach mode: the server mapped the ring on this first request
         states, scales = ring.views(lease)
         return CaptureResult(sample=s, layers=self.layers, states=states, scales=scales,
+                             teacher=ring.teacher(lease) if lease.info.teacher_k else None,
                              nonfinite=ring.nonfinite(lease))
 

@@ -28,6 +28,7 @@ import torch
 
 from hs_dataset.capture.transport import ENCODINGS, PLUGIN_STATS, RingWriter, parse_rid, request_spans
 from hs_dataset.codec.fp8 import fp8_quantize
+from hs_dataset.codec.teacher import teacher_topk
 from hs_dataset.errors import RequestError, TransportError
 
 __all__ = ["Completer", "PluginState", "S", "atomic_json", "aux_states", "copy_pass", "ring_of"]
@@ -41,6 +42,8 @@ class PluginState:
 
     config: Any = None  # HS_DATASET_CAPTURE, parsed (set by register())
     tp_rank: int = -1
+    tp_size: int = 1
+    vocab_size: int = 0  # the text model's vocabulary: the output embedding's rows beyond it are padding
     batch: Any = None  # the ForwardBatch of the EXTEND pass in progress, when it holds requests of ours
     text: Any = None  # the module owning capture_aux_hidden_states (and .model.layers_to_capture)
     aux_ids: list[int] = []  # layers_to_capture while capturing
@@ -100,8 +103,9 @@ def close_ring(token: str) -> None:
     w.close()
 
 
-def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any) -> None:
-    """Split one EXTEND pass by request and copy each request's rows into its ring slot (side stream)."""
+def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) -> None:
+    """Split one EXTEND pass by request and copy each request's rows into its ring slot (side stream);
+    for a slot that asks for the teacher's top-k, compute it from ``final`` and ``lm_head`` first."""
     t0 = time.perf_counter()
     cfg = S.config
     spans = request_spans(list(fb.rids), list(fb.extend_seq_lens_cpu), list(fb.extend_prefix_lens_cpu),
@@ -126,6 +130,10 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any) -> None:
             # The first pass of this request starts after a prefix it did not compute: a radix-cache hit.
             ring.fail(seq, f"request {rid}: {start} prompt positions came from SGLang's radix cache and were not "
                            "computed, so their hidden states do not exist; run the server with --disable-radix-cache")
+            continue
+        if info.teacher_k and (S.tp_size != 1 or lm_head is None or not hasattr(lm_head, "weight")):
+            ring.fail(seq, f"request {rid}: the teacher's top-k is computed on one GPU's whole output embedding: "
+                           f"run the engine with tp_size=1 (it has {S.tp_size}), or build without teacher")
             continue
         if start + n > info.num_tokens or info.hidden != H or info.n_states != len(states):
             ring.fail(seq, f"request {rid}: rows {start}..{start + n} of {len(states)} states x {H} do not fit its "
@@ -152,6 +160,11 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any) -> None:
         counts.copy_(cs[:, bounds[k:]] - cs[:, bounds[:k]], non_blocking=True)
         fp8: Any = [fp8_quantize(st) for st in states] if any(
             info.encoding == ENCODINGS["fp8_e4m3"] for _, info, _, _, _ in todo) else None
+        teachers = {}
+        for ring, info, off, start, n in todo:
+            if info.teacher_k:
+                weight = lm_head.weight[:S.vocab_size] if S.vocab_size else lm_head.weight
+                teachers[(id(ring), info.seq)] = teacher_topk(final[off:off + n], weight, info.teacher_k)
         nbytes = 0
         for ring, info, off, start, n in todo:
             for pos, k in info.pieces(start, n):  # a windowed region wraps: positions modulo its rows
@@ -166,6 +179,10 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any) -> None:
                         dst.copy_(fp8[j][0][a:a + k], non_blocking=True)
                         ring.scale_view(info, j, pos, k).copy_(fp8[j][1][a:a + k], non_blocking=True)
                     nbytes += dst.numel() * dst.element_size()
+                t = teachers.get((id(ring), info.seq))
+                if t is not None:
+                    for dst_t, src_t in zip(ring.teacher_views(info, pos, k), t):
+                        dst_t.copy_(src_t[a - off:a - off + k], non_blocking=True)
         done = torch.cuda.Event()
         done.record(side)
     for t in states:

@@ -38,6 +38,7 @@ _S_NSTATES, _S_HIDDEN, _S_ENCODING, _S_ROWS, _S_ERRLEN = (24, "<I"), (28, "<I"),
 _S_CONSUMED = (44, "<I")  # windowed regions: rows the consumer is done with (their room can be written again)
 _S_NONFINITE = 48  # _MAX_STATES x u32
 _S_WINDOW = (112, "<I")  # rows the region holds: num_tokens, or fewer for a windowed region (positions modulo it)
+_S_TEACHER = (116, "<I")  # k of the teacher's top-k the producer computes per position (0: none)
 _S_MESSAGE = 128
 _FREE, _RESERVED, _FAILED = 0, 1, 2
 DEFAULT_RING_BYTES = 8 << 30  # the SGLang backend's ring unless set: at most half of its folder's free room
@@ -57,11 +58,17 @@ def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-def region_bytes(num_tokens: int, n_states: int, hidden: int, encoding: int) -> int:
-    """Bytes of one request's region: the states, and for fp8 their per-token scales."""
+def _state_bytes(rows: int, n_states: int, hidden: int, encoding: int) -> int:
     if encoding == ENCODINGS["bfloat16"]:
-        return n_states * num_tokens * hidden * 2
-    return _align(n_states * num_tokens * hidden, 16) + n_states * num_tokens * 4
+        return n_states * rows * hidden * 2
+    return _align(n_states * rows * hidden, 16) + n_states * rows * 4
+
+
+def region_bytes(num_tokens: int, n_states: int, hidden: int, encoding: int, teacher_k: int = 0) -> int:
+    """Bytes of one request's region: the states, for fp8 their per-token scales, and with a teacher its
+    top-``teacher_k`` ids (int32) and log-probs (float32) and the logsumexp (float32) of every position."""
+    base = _align(_state_bytes(num_tokens, n_states, hidden, encoding), 16)
+    return base + (num_tokens * (teacher_k * 8 + 4) if teacher_k else 0)
 
 
 def parse_rid(rid: str, prefix: str) -> tuple[str, int] | None:
@@ -108,6 +115,7 @@ class SlotInfo:
     hidden: int
     encoding: int
     window: int = 0  # 0: whole (num_tokens)
+    teacher_k: int = 0
 
     @property
     def rows(self) -> int:
@@ -125,6 +133,12 @@ class SlotInfo:
 
     def scale_offset(self, j: int, start: int = 0) -> int:
         return self.offset + _align(self.n_states * self.rows * self.hidden, 16) + (j * self.rows + start % self.rows) * 4
+
+    def teacher_offsets(self, start: int = 0) -> tuple[int, int, int]:
+        """Where position ``start`` (modulo the window) of the teacher's ids, log-probs and logsumexp live."""
+        base = self.offset + _align(_state_bytes(self.rows, self.n_states, self.hidden, self.encoding), 16)
+        p, k = start % self.rows, self.teacher_k
+        return (base + p * k * 4, base + self.rows * k * 4 + p * k * 4, base + 2 * self.rows * k * 4 + p * 4)
 
     def pieces(self, start: int, n: int) -> list[tuple[int, int]]:
         """Positions ``[start, start + n)`` as ``(position, length)`` pieces that do not wrap the window."""

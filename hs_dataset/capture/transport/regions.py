@@ -1,10 +1,35 @@
-"""The ring's data area as a free list of page-aligned regions (the consumer's allocator)."""
+"""The ring's data area as a free list of page-aligned regions (the consumer's allocator), and the lease
+of one request's region."""
 
 from __future__ import annotations
 
-from hs_dataset.capture.transport.format import _ALIGN, _align
+from dataclasses import dataclass, field
 
-__all__ = ["FreeList"]
+import torch
+
+from hs_dataset.capture.transport.format import _ALIGN, SlotInfo, _align
+
+__all__ = ["FreeList", "Lease"]
+
+
+def _use_count(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+@dataclass
+class Lease:
+    """A request's reserved region, from reservation until nothing references its views."""
+
+    seq: int
+    offset: int
+    nbytes: int
+    info: SlotInfo
+    base: torch.Tensor | None = None  # the region's bytes, once handed out
+    abandoned: bool = False
+    in_pieces: bool = False  # handed out piece by piece as positions arrive (always, for a windowed region)
+    # the pieces handed out and not yet released, as (stop position, their bytes)
+    pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    consumed: int = 0  # positions released (for a windowed region: to the producer, which may write them again)
 
 
 class FreeList:

@@ -10,7 +10,6 @@ import struct
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -20,32 +19,13 @@ from hs_dataset.capture.transport.format import (_ALIGN, _DATA_ALIGN, _FAILED, _
                                                  _H_CREATOR, _H_DATA, _H_MAGIC, _H_SLOTS, _H_TOKEN, _HEADER_BYTES,
                                                  _MAGIC, _MAX_STATES, _RESERVED, _S_CONSUMED, _S_ENCODING, _S_ERRLEN,
                                                  _S_HIDDEN, _S_MESSAGE, _S_NONFINITE, _S_NSTATES, _S_OFFSET, _S_ROWS,
-                                                 _S_SEQ, _S_STATE, _S_TOKENS, _S_WINDOW, _SLOT_BYTES, ENCODINGS,
+                                                 _S_SEQ, _S_STATE, _S_TEACHER, _S_TOKENS, _S_WINDOW, _SLOT_BYTES, ENCODINGS,
                                                  POLL_MAX_S, RING_PREFIX, STALE_AFTER_S, SlotInfo, _align, _get, _map,
                                                  _put, region_bytes)
-from hs_dataset.capture.transport.regions import FreeList
+from hs_dataset.capture.transport.regions import FreeList, Lease, _use_count
 from hs_dataset.errors import RequestError, TransportError
 
-__all__ = ["Lease", "Ring"]
-
-
-def _use_count(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-@dataclass
-class Lease:
-    """A request's reserved region, from reservation until nothing references its views."""
-
-    seq: int
-    offset: int
-    nbytes: int
-    info: SlotInfo
-    base: torch.Tensor | None = None  # the region's bytes, once handed out
-    abandoned: bool = False
-    in_pieces: bool = False  # handed out piece by piece as positions arrive (always, for a windowed region)
-    # the pieces handed out and not yet released, as (stop position, their bytes)
-    pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
-    consumed: int = 0  # positions released (for a windowed region: to the producer, which may write them again)
+__all__ = ["Lease", "Ring"]  # Lease: hs_dataset.capture.transport.regions
 
 
 class Ring:
@@ -154,24 +134,25 @@ class Ring:
             lease.consumed = lease.pieces.pop(0)[0]
             _put(self._mm, _S_CONSUMED, lease.consumed, self._slot(lease.seq))
 
-    def fits(self, num_tokens: int, n_states: int, hidden: int, encoding: str) -> bool:
+    def fits(self, num_tokens: int, n_states: int, hidden: int, encoding: str, teacher_k: int = 0) -> bool:
         """Whether a whole region of this size can ever fit (the ring's capacity, ignoring what is in use)."""
-        return _align(region_bytes(num_tokens, n_states, hidden, ENCODINGS[encoding]), _ALIGN) <= self.capacity
+        return _align(region_bytes(num_tokens, n_states, hidden, ENCODINGS[encoding], teacher_k), _ALIGN) <= self.capacity
 
     def reserve(self, num_tokens: int, n_states: int, hidden: int, encoding: str, *,
-                window: int | None = None, pieces: bool = False) -> Lease | None:
+                window: int | None = None, pieces: bool = False, teacher_k: int = 0) -> Lease | None:
         """Reserve a region and a slot for a new request; None while the ring is too full.
 
         ``window``: a windowed region of that many rows (when fewer than ``num_tokens``): the request's
         states then pass through it piece by piece (:meth:`views` of ``[start, stop)``, released once
         unreferenced), the producer waiting for room (see :class:`SlotInfo`). ``pieces``: a whole region
         handed out the same way (so that the consumer writes a long sample's rows while the rest arrives).
+        ``teacher_k``: the producer also writes the teacher's top-k of every position (:meth:`teacher`).
         """
         if n_states > _MAX_STATES:
             raise TransportError(f"{n_states} states per token; the ring carries at most {_MAX_STATES}")
         enc = ENCODINGS[encoding]
         rows = num_tokens if window is None else min(int(window), num_tokens)
-        nbytes = region_bytes(rows, n_states, hidden, enc)
+        nbytes = region_bytes(rows, n_states, hidden, enc, teacher_k)
         with self._lock:
             offset = self._regions.alloc(nbytes)
             if offset is None:
@@ -189,7 +170,7 @@ class Ring:
                 self._regions.release(offset, nbytes)
                 return None
             lease = Lease(seq, offset, nbytes, SlotInfo(seq, offset, num_tokens, n_states, hidden, enc,
-                                                        rows if rows < num_tokens else 0))
+                                                        rows if rows < num_tokens else 0, teacher_k))
             lease.in_pieces = pieces or lease.info.windowed
             self._leases[seq] = lease
         base = self._slot(seq)
@@ -202,6 +183,7 @@ class Ring:
         _put(mm, _S_HIDDEN, hidden, base)
         _put(mm, _S_ENCODING, enc, base)
         _put(mm, _S_WINDOW, lease.info.window, base)
+        _put(mm, _S_TEACHER, teacher_k, base)
         _put(mm, _S_STATE, _RESERVED, base)  # last: the slot is valid
         return lease
 
@@ -309,6 +291,21 @@ class Ring:
             else:
                 lease.base = base
         return states, scales
+
+    def teacher(self, lease: Lease, start: int = 0, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                       torch.Tensor]:
+        """The teacher's top-k of the positions :meth:`views` last handed out (call it right after): ids int32
+        ``[n, k]``, log-probs float32 ``[n, k]``, logsumexp float32 ``[n]``, views of the same bytes (so the
+        region is reused only once these too are unreferenced)."""
+        i = lease.info
+        stop = i.num_tokens if stop is None else stop
+        base = lease.pieces[-1][1] if lease.in_pieces else lease.base
+        if base is None or not i.teacher_k:
+            raise ValueError(f"request seq {lease.seq}: no teacher (reserved with teacher_k=0) or no views handed out")
+        n, k = stop - start, i.teacher_k
+        a, b, c = (o - i.offset for o in i.teacher_offsets(start))
+        return (base[a:a + n * k * 4].view(torch.int32).view(n, k), base[b:b + n * k * 4].view(torch.float32).view(n, k),
+                base[c:c + n * 4].view(torch.float32))
 
     def fail_release(self, lease: Lease) -> None:
         """The producer is done with a failed request: its region is free again (a windowed one's

@@ -13,9 +13,9 @@ import torch
 from hs_dataset.capture.transport.format import (_FAILED, _H_ATTACHED, _H_BEAT, _H_CAP, _H_DATA, _H_MAGIC, _H_SLOTS,
                                                  _H_TOKEN, _HEADER_BYTES, _MAGIC, _RESERVED, _S_CONSUMED, _S_ENCODING,
                                                  _S_ERRLEN, _S_HIDDEN, _S_MESSAGE, _S_NONFINITE, _S_NSTATES, _S_OFFSET,
-                                                 _S_ROWS, _S_SEQ, _S_STATE, _S_TOKENS, _S_WINDOW, _SLOT_BYTES, ENCODINGS,
-                                                 ENV, POLL_MAX_S, RING_PREFIX, SlotInfo, _get, _locked_by_someone, _map,
-                                                 _put)
+                                                 _S_ROWS, _S_SEQ, _S_STATE, _S_TEACHER, _S_TOKENS, _S_WINDOW,
+                                                 _SLOT_BYTES, ENCODINGS, ENV, POLL_MAX_S, RING_PREFIX, SlotInfo, _get,
+                                                 _locked_by_someone, _map, _put)
 from hs_dataset.errors import RequestError, TransportError
 
 __all__ = ["RingWriter"]
@@ -61,7 +61,8 @@ class RingWriter:
         if _get(mm, _S_STATE, base) != _RESERVED or _get(mm, _S_SEQ, base) != seq:
             raise RequestError(f"request seq {seq} has no reserved slot in {self.path}")
         return SlotInfo(seq, _get(mm, _S_OFFSET, base), _get(mm, _S_TOKENS, base), _get(mm, _S_NSTATES, base),
-                        _get(mm, _S_HIDDEN, base), _get(mm, _S_ENCODING, base), _get(mm, _S_WINDOW, base))
+                        _get(mm, _S_HIDDEN, base), _get(mm, _S_ENCODING, base), _get(mm, _S_WINDOW, base),
+                        _get(mm, _S_TEACHER, base))
 
     def wait_room(self, info: SlotInfo, upto: int, timeout: float = 600.0) -> None:
         """Block until positions up to ``upto`` can be written: for a windowed region, until the
@@ -101,6 +102,14 @@ class RingWriter:
         if info.encoding == ENCODINGS["bfloat16"]:
             return self.bytes[a:a + n * info.hidden * 2].view(torch.bfloat16).view(n, info.hidden)
         return self.bytes[a:a + n * info.hidden].view(n, info.hidden)
+
+    def teacher_views(self, info: SlotInfo, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions ``[start, start + n)`` of the teacher: ids int32 ``[n, k]``, log-probs float32 ``[n, k]``,
+        logsumexp float32 ``[n]`` (within the window, as :meth:`state_view`)."""
+        k = info.teacher_k
+        a, b, c = (self.data_offset + o for o in info.teacher_offsets(start))
+        return (self.bytes[a:a + n * k * 4].view(torch.int32).view(n, k),
+                self.bytes[b:b + n * k * 4].view(torch.float32).view(n, k), self.bytes[c:c + n * 4].view(torch.float32))
 
     def scale_view(self, info: SlotInfo, j: int, start: int, n: int) -> torch.Tensor:
         a = self.data_offset + info.scale_offset(j, start)
