@@ -58,10 +58,10 @@ def check_metadata(root: Path, meta: dict[str, Any]) -> list[tuple[str, str]]:
     agree with ``hs_dataset.json`` (empty: they all do)."""
     problems: list[tuple[str, str]] = []
     layers = meta.get("layers")
-    want = state_columns(layers) if isinstance(layers, list) else None
-    if want is not None and meta.get("store_final") is False:  # a teacher build without hidden_final
-        want = want[:-1]
-    if want is not None and meta.get("columns") not in (None, want):
+    columns = state_columns(layers) if isinstance(layers, list) else None
+    if columns is not None and meta.get("store_final") is False:  # a teacher build without hidden_final
+        columns = columns[:-1]
+    if columns is not None and meta.get("columns") not in (None, columns):
         problems.append((META_FILE, f"lists columns {meta.get('columns')} for layers {layers}"))
     if meta.get("storage_dtype", "bfloat16") not in STORAGE_DTYPES:
         problems.append((META_FILE, f"has storage_dtype {meta.get('storage_dtype')!r}"))

@@ -9,6 +9,7 @@ no shard visible.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import glob
 import json
@@ -22,13 +23,15 @@ import datasets
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.builder import HiddenStatesBuilder
 from hs_dataset.write.drop_rows import drop_rows
-from hs_dataset.write.parallel_files import parallel_url
+from hs_dataset.write.parallel_files import parallel_url, write_threads
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
 from hs_dataset.write.resume import part_files, part_record
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.codec.coding import arrow_to_parquet
+from hs_dataset.codec.encode import stored_state_columns
 from hs_dataset.integrity.checksums import shard_entry
 from hs_dataset.layout import DATA_DIR, shard_name
 from hs_dataset.records import Counts
@@ -41,7 +44,8 @@ def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesC
     err: BaseException | None = None
     try:
         # through ParallelLocalFileSystem: each large write split across threads (hs_dataset.write.parallel_files)
-        builder.download_and_prepare(parallel_url(staging), file_format=config.file_format,
+        # always Arrow (zero-copy from the ring); a parquet build's shards are coded at the commit (codec.coding)
+        builder.download_and_prepare(parallel_url(staging), file_format="arrow",
                                      max_shard_size=config.max_shard_bytes,
                                      download_mode=datasets.DownloadMode.FORCE_REDOWNLOAD)
     except datasets.exceptions.DatasetGenerationError as e:
@@ -64,6 +68,7 @@ class GeneratedPart:
     rejects: list[dict]
     backend_versions: dict[str, str]
     dropped: tuple[str, ...] = ()  # samples whose rows must leave the shards before the commit
+    state_columns: tuple[str, ...] = ()  # the hidden-state columns (coded with byte planes in parquet builds)
 
 
 def _staging(state: Path, i: int) -> Path:
@@ -107,7 +112,20 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
         _discard_part(out, state, i, config.file_format)
         raise
     return GeneratedPart(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions(),
-                         tuple(sorted(builder.dropped)))
+                         tuple(sorted(builder.dropped)), tuple(stored_state_columns(resolved.layers, config.store_final)))
+
+
+def _code_shards(shards: list[str], state_columns: tuple[str, ...]) -> list[str]:
+    """The staging Arrow shards coded as Parquet beside them (several at once), the Arrow files removed."""
+    def code(src: str) -> str:
+        dst = src[:-len(".arrow")] + ".parquet"
+        arrow_to_parquet(src, dst, list(state_columns))
+        os.unlink(src)
+        return dst
+
+    with cf.ThreadPoolExecutor(max_workers=max(1, min(len(shards), write_threads())),
+                               thread_name_prefix="hs_dataset-code") as pool:
+        return list(pool.map(code, shards))
 
 
 def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
@@ -118,10 +136,12 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
     """
     record_path = part_record(state, g.i)
     try:
-        shards = sorted(glob.glob(str(g.staging / f"*-train*.{ext}")))
+        shards = sorted(glob.glob(str(g.staging / "*-train*.arrow")))
         if g.dropped:  # rejected after some of their rows were written: no partial sample is committed
             for src in shards:
                 drop_rows(src, set(g.dropped))
+        if ext == "parquet":  # lossless coding, one thread per shard file (hs_dataset.codec.coding)
+            shards = _code_shards(shards, g.state_columns)
         files = []
         for k, src in enumerate(shards):  # size, rows and content hash, read back while in the page cache
             files.append(dict(shard_entry(src), name=shard_name(g.i, k, ext)))
