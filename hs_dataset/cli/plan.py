@@ -64,9 +64,15 @@ def show_plan(config, a: argparse.Namespace) -> int:
         for line in histogram(lengths):
             print(line)
     print_rejects([r.to_dict() for r in p.rejects], p.rows)
-    print("on disk (states + input_ids + loss_mask):")
-    rows = [(d + (" (this build)" if d == config.storage_dtype else ""), f"{p.bytes_per_token(d):,} B/token",
-             size(n)) for d, n in p.bytes_on_disk().items()]
+    print("on disk (states + input_ids + loss_mask; Arrow shards; parquet shards are coded losslessly, smaller by "
+          "what the states compress to):")
+    from hs_dataset.codec.sizes import storage_options  # deferred: imports nothing heavy, kept beside plan_costs
+
+    this = config.storage_dtype + (f" + teacher {config.teacher}" if config.teacher else "") + \
+        ("" if config.store_final else ", store_final=false")
+    rows = [(d + (" (this build)" if d == this else ""), f"{b:,.0f} B/token", size(p.tokens * b))
+            for d, b in storage_options(p.n_states, p.info.hidden_size,
+                                        masked_fraction=p.masked_tokens / max(p.tokens, 1))]
     for line in table(("storage_dtype", "per token", "total"), rows):
         print(line)
     from hs_dataset.write.plan_costs import memory_lines, prefill_seconds  # deferred: imports torch, datasets

@@ -185,6 +185,22 @@ def _history_table(history: list[dict], tags: dict[str, str], current_version: s
     return "\n".join(rows)
 
 
+def _bytes_per_token(metadata: dict) -> str:
+    """This build's bytes per token, and what the other storage options would take for its tokens."""
+    from hs_dataset.codec.sizes import storage_options  # deferred: keeps the card's imports light
+
+    counts, model = metadata.get("counts") or {}, metadata.get("model") or {}
+    tokens = int(counts.get("tokens_written") or 0)
+    if not tokens or "hidden_size" not in model:
+        return "n/a"
+    mine = int(metadata.get("bytes", 0)) / tokens
+    n_states = len(metadata.get("layers") or []) + 1
+    masked = float(metadata.get("masked_fraction") or 0.8)
+    others = "; ".join(f"{name} {b:,.0f} B/token ({human_bytes(b * tokens).split(' (')[0]})"
+                       for name, b in storage_options(n_states, int(model["hidden_size"]), masked_fraction=masked))
+    return f"{mine:,.0f} B/token as built (shards, framing included); uncoded options for these tokens: {others}"
+
+
 def render_card(metadata: dict, extra: dict) -> str:
     """Render the README.md published with a dataset version.
 
@@ -269,6 +285,7 @@ def render_card(metadata: dict, extra: dict) -> str:
         "samples_rejected": _cell(counts.get("rejected")),
         "tokens_written": _cell(counts.get("tokens_written")),
         "data_bytes": human_bytes(metadata.get("bytes")),
+        "bytes_per_token": _bytes_per_token(metadata),
         "backend_name": _cell(backend.get("name")),
         "format_version": _cell(metadata.get("format_version")),
         "versions_table": versions_table,
