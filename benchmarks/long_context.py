@@ -129,6 +129,9 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=16384, help="SGLang chunked_prefill_size")
     ap.add_argument("--parity-131k", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=540, help="skip the optional steps after this")
+    ap.add_argument("--compact", type=int, default=0,
+                    help="then benchmarks/compact.py's table on the same engine, with this many 2k samples (0: skip)")
+    ap.add_argument("--compact-first", action="store_true", help="run the compact table before the long samples")
     a = ap.parse_args()
     t_start = time.time()
     # 131,072 prompt positions (SGLang keeps 5 of context_length for itself) + the 1 new token: YaRN's
@@ -161,6 +164,7 @@ def main() -> None:
                        check=True)
         make_tiny_tokenizer(model, template="chatml")
     res["model_make_s"] = round(time.time() - t, 1)
+    res["disk_write_MBps"] = round(disk_write_rate(work / "probe") / 1e6)
     sizes = [tuple(int(x) for x in s.split("x")) for s in a.sizes.split(",")]
     configs = {}
     for tokens, n in sizes:
@@ -239,6 +243,15 @@ def main() -> None:
                                      "rows_of_sample": len(s.starts)}
         dump()
 
+    def compact(disk_rate: float) -> None:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import compact as table
+
+        table.run(be, model, work / "compact", a.compact, res, dump, disk_rate=disk_rate,
+                  deadline=t_start + a.deadline_s)
+
+    if a.compact and a.compact_first:
+        compact(res["disk_write_MBps"] * 1e6)
     res["sizes"] = {}
     for tokens, n in sizes:
         if time.time() - t_start > a.deadline_s:
@@ -281,18 +294,23 @@ def main() -> None:
         out["room_wait_s"] = round(stats1.get("room_wait_s", 0) - stats0.get("room_wait_s", 0), 2)
         res["sizes"][str(tokens)] = out
         dump()
-        if tokens == 32768:
-            res["parity_32k"] = parity(32768, [(0, 1024), (16384 - 512, 16384 + 512), (32768 - 1024, 32768)], 1024)
-            dump()
-        elif tokens == 131072:
-            checks_131k(dst)
-            if a.parity_131k and time.time() - t_start < a.deadline_s - 150:
-                res["parity_131k"] = parity(131072, [(131072 - 1024, 131072)], 512)
+        try:
+            if tokens == 32768:
+                res["parity_32k"] = parity(32768, [(0, 1024), (16384 - 512, 16384 + 512), (32768 - 1024, 32768)], 1024)
                 dump()
+            elif tokens == 131072:
+                checks_131k(dst)
+                if a.parity_131k and time.time() - t_start < a.deadline_s - 150:
+                    res["parity_131k"] = parity(131072, [(131072 - 1024, 131072)], 512)
+                    dump()
+        except Exception as e:  # recorded, and the next size runs
+            res.setdefault("errors", []).append(f"after the {tokens} build: {type(e).__name__}: {e}"[:800])
+            dump()
         shutil.rmtree(dst)  # the device has 64 GiB of disk
+    if a.compact and not a.compact_first:
+        compact(res["disk_write_MBps"] * 1e6)
     res["plugin_stats"] = be.plugin_stats()
     be.close()
-    res["disk_write_MBps"] = round(disk_write_rate(work / "probe") / 1e6)
     for k, out in res["sizes"].items():
         disk_tok_s = res["disk_write_MBps"] * 1e6 / res["bytes_per_token"]
         out["build/min(plain,disk)"] = round(out["build_tok_s"] / min(out["plain_tok_s"], disk_tok_s), 3)

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Compact versions at Kimi width through SGLang (issue 26; run on a GPU).
+
+One engine (the Kimi-width stand-in of ``.gpu/make_kimi_width.py``: hidden 7168, layers 1, 3, 4 + final =
+57,344 bytes of states per token), ``--samples`` samples of 2,048 tokens (loss mask on every reply token
+of the source's conversations). Rows of the table, each built with ``build()`` (the code of
+``hs-dataset build``) into /dev/shm and onto the disk:
+
+  bf16                     the exact bf16 states (Arrow shards)
+  fp8                      fp8 e4m3 + per-token scales, quantized on the GPU
+  fp8 + teacher            fp8, the teacher's top-64 at masked positions, no hidden_final
+  fp8 + teacher + coding   the same as Parquet shards with byte planes + zstd
+
+with: bytes per token on disk, build tok/s vs the engine's plain prefill of the same ids (request ids
+not ours, measured before) and vs the disk's write rate over the row's bytes per token, and the reader's
+decoded GB/s over the /dev/shm build (``iter_torch`` over ``open_dataset``, or over ``load_dataset(dir,
+streaming=True)`` for Parquet). Random weights give near-Gaussian states: the coding ratio is reported as
+measured on the stand-in.
+
+    python benchmarks/compact.py --json $OUT/compact.json     (or from benchmarks/long_context.py --compact)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = [  # name, config fields
+    ("bf16", {}),
+    ("fp8", {"storage_dtype": "fp8_e4m3"}),
+    ("fp8 + teacher", {"storage_dtype": "fp8_e4m3", "teacher": "topk:64", "store_final": False}),
+    ("fp8 + teacher + coding", {"storage_dtype": "fp8_e4m3", "teacher": "topk:64", "store_final": False,
+                                "file_format": "parquet"}),
+]
+
+
+def source(path: Path, samples: int, tokens: int) -> Path:
+    rng = np.random.default_rng(7)
+    with open(path, "w") as f:
+        for _ in range(samples):
+            words = " ".join(map(str, rng.integers(0, 10**6, size=int(tokens * 0.45) + 64)))
+            f.write(json.dumps({"messages": [{"role": "user", "content": "Read this."},
+                                             {"role": "assistant", "content": words}]}) + "\n")
+    return path
+
+
+def read_rate(out: Path, parquet: bool) -> float:
+    """Decoded state bytes per second over every row of a build."""
+    import datasets
+    import torch
+
+    from hs_dataset.read.iterate import iter_torch
+    from hs_dataset.read.open import open_dataset
+
+    ds = datasets.load_dataset(str(out), split="train", streaming=True) if parquet else open_dataset(out)
+    t, n = time.time(), 0
+    for row in iter_torch(ds):
+        n += sum(v.numel() * v.element_size() for k, v in row.items()
+                 if isinstance(v, torch.Tensor) and k.startswith(("hidden_", "teacher_")))
+    return n / (time.time() - t)
+
+
+def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate: float | None = None,
+        deadline: float | None = None) -> None:
+    """The table (see the module docstring) on a started SGLangBackend ``be``, into ``res["compact"]``."""
+    from hs_dataset.config import HiddenStatesConfig
+    from hs_dataset.prepare.samples import tokenized_samples
+    from hs_dataset.write.driver import build
+    from hs_dataset.write.resolve import resolve_build
+
+    layers = tuple(be.layers)
+    work.mkdir(parents=True, exist_ok=True)
+    src = source(work / "src-2k.jsonl", samples, 2048)
+    base = dict(model=str(model), layers=layers, source=str(src), max_length=2048, part_size=16, backend="sglang")
+    r = resolve_build(HiddenStatesConfig(**base))
+    ids = [s.input_ids.tolist() for _, s in tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(0, samples)],
+                                                              lambda *_: None)]
+    tokens = sum(len(x) for x in ids)
+
+    def plain() -> float:
+        t = time.time()
+        for f in [be._submit(f"plain-{time.time_ns()}-{i}", x) for i, x in enumerate(ids)]:
+            f.result()
+        return tokens / (time.time() - t)
+
+    plain()  # warm-up
+    out = res.setdefault("compact", {"samples": samples, "tokens": tokens})
+    out["plain_tok_s"] = round(max(plain(), plain()))
+    dump()
+    shm = Path("/dev/shm/hs-compact")
+    for name, fields in ROWS:
+        row = out.setdefault("rows", {}).setdefault(name, {})
+        for where, root in (("shm", shm), ("disk", work / "compact")):
+            if deadline is not None and time.time() > deadline:
+                row.setdefault("skipped", []).append(where)
+                continue
+            dst = root / name.replace(" ", "_").replace("+", "p")
+            shutil.rmtree(dst, ignore_errors=True)
+            t = time.time()
+            try:
+                s = build(HiddenStatesConfig(**base, **fields), dst, backend=be, progress=False)
+            except Exception as e:  # recorded, and the next row runs
+                row[f"error_{where}"] = f"{type(e).__name__}: {e}"[:500]
+                dump()
+                continue
+            dt = time.time() - t
+            row[f"build_{where}_tok_s"] = round(s.counts.tokens_written / dt)
+            row[f"build_{where}/plain"] = round(row[f"build_{where}_tok_s"] / out["plain_tok_s"], 3)
+            bpt = s.bytes_written / s.counts.tokens_written
+            row["bytes_per_token"] = round(bpt, 1)
+            row["vs_bf16_bytes"] = round(bpt / out["rows"]["bf16"]["bytes_per_token"], 3)
+            if where == "disk" and disk_rate:
+                row["build_disk/disk_allows"] = round(row["build_disk_tok_s"] / (disk_rate / bpt), 3)
+            if where == "shm":
+                row["read_decoded_GBps"] = round(read_rate(dst, "file_format" in fields) / 1e9, 2)
+            shutil.rmtree(dst, ignore_errors=True)
+            dump()
+    shutil.rmtree(shm, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="/tmp/kimi-width-lc")
+    ap.add_argument("--work", default="/tmp/hs-compact")
+    ap.add_argument("--samples", type=int, default=96)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from long_context import ENGINE_ARGS, LAYERS, disk_write_rate
+
+    from hs_dataset.capture.sglang.backend import SGLangBackend
+
+    res: dict = {}
+
+    def dump() -> None:
+        print(json.dumps(res), flush=True)
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1))
+
+    work = Path(a.work)
+    res["disk_write_MBps"] = round(disk_write_rate(work / "probe") / 1e6)
+    be = SGLangBackend(a.model, LAYERS, max_inflight=64,
+                       engine_args={k: v for k, v in ENGINE_ARGS.items() if k != "context_length"})
+    try:
+        run(be, Path(a.model), work, a.samples, res, dump, disk_rate=res["disk_write_MBps"] * 1e6)
+    finally:
+        be.close()
+
+
+if __name__ == "__main__":
+    main()
