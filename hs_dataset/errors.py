@@ -18,7 +18,7 @@ __all__ = [
     "ForeignFilesError", "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError",
     "NonFiniteError",
     "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RequestError", "SampleError",
-    "SecretLeakError", "ShareError", "TransportError", "VersionExistsError", "VersionNameError",
+    "SecretLeakError", "ShareError", "TokenizeWorkerError", "TransportError", "VersionExistsError", "VersionNameError",
 ]
 
 
@@ -132,6 +132,11 @@ class OutputWriteError(HsDatasetError, OSError):
 
     def __str__(self) -> str:
         return self.message
+
+
+# -- prepare ------------------------------------------------------------------------------------------
+class TokenizeWorkerError(HsDatasetError, RuntimeError):
+    """A tokenize worker process died (:mod:`hs_dataset.prepare.workers`); a rerun resumes the build."""
 
 
 # -- capture ------------------------------------------------------------------------------------------
