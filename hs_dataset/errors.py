@@ -17,7 +17,7 @@ __all__ = [
     "BackendError", "BuildInterrupted", "BuildLockedError", "ConfigError", "ConfigMismatchError", "EmptyBuildError",
     "ForeignFilesError", "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError",
     "NonFiniteError",
-    "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RequestError", "SampleError",
+    "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RepoIdError", "RequestError", "SampleError",
     "SecretLeakError", "ShareError", "TokenizeWorkerError", "TransportError", "VersionExistsError", "VersionNameError",
 ]
 
@@ -176,6 +176,14 @@ class VersionNameError(PublishError, ValueError):
     def __init__(self, message: str, *, version: str | None = None):
         super().__init__(message)
         self.version = version
+
+
+class RepoIdError(PublishError, ValueError):
+    """A dataset repo id the Hub cannot have (``org/name``: letters, digits, ``-``, ``_``, ``.``); ``repo_id``."""
+
+    def __init__(self, message: str, *, repo_id: str = ""):
+        super().__init__(message)
+        self.repo_id = repo_id
 
 
 class SecretLeakError(PublishError):
