@@ -8,8 +8,8 @@ documentation, from which ``hs-dataset build --help`` lists the fields (so the t
 Fields in :data:`CONTENT_FIELDS` decide the rows: a resumed build refuses a change of any of them,
 except ``on_nonfinite`` from ``fail`` to ``reject`` (:data:`hs_dataset.write.resume.RESUMABLE_CHANGES`:
 parts written under ``fail`` hold no non-finite state). The others (``backend_options``,
-``max_samples``, ``writer_batch_bytes``, ``max_shard_bytes``, ``trust_remote_code``, ``tokenize_workers``) may
-change between runs without changing a row already written.
+``max_samples``, ``writer_batch_bytes``, ``max_shard_bytes``, ``trust_remote_code``, ``tokenize_workers``,
+``license``) may change between runs without changing a row already written.
 """
 
 from __future__ import annotations
@@ -131,6 +131,8 @@ class HiddenStatesConfig:
     writer_batch_bytes: int = _f(64 * 2**20, "Arrow record batch budget; a row this big goes alone, without a copy")
     max_shard_bytes: int = _f(2 * 2**30, "largest shard file")
     file_format: FileFormat = _f("arrow", "shard format: arrow (zero-copy reads) or parquet")
+    license: str = _f("unknown", "the dataset's license in its card (a Hub license id: apache-2.0, mit, cc-by-4.0, "
+                                 "other...); the states derive from the model and the source: follow both their terms")
 
     def __post_init__(self) -> None:
         for f in config_fields():  # each value as its field's type (``--set`` text included), else a ConfigError
