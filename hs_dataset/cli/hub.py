@@ -127,11 +127,13 @@ def cmd_verify(a: argparse.Namespace) -> int:
     else:
         if local.exists():
             raise MissingPathError(f"{a.target} is a file, not a build directory: check the path")
-        if a.target.strip("/").count("/") != 1:
+        if a.revision is None and a.target.strip("/").count("/") != 1:
             raise MissingPathError(f"{a.target}: no such build directory (and not a repo id, org/name): check the path")
         try:
             check_repo_id(a.target)
         except RepoIdError as e:
+            if a.revision is not None:  # a repo id was meant
+                raise
             raise MissingPathError(f"{a.target}: no such build directory, and not a repo id ({e})") from None
         if a.revision is not None:
             check_revision(a.revision)
