@@ -8,8 +8,8 @@ documentation, from which ``hs-dataset build --help`` lists the fields (so the t
 Fields in :data:`CONTENT_FIELDS` decide the rows: a resumed build refuses a change of any of them,
 except ``on_nonfinite`` from ``fail`` to ``reject`` (:data:`hs_dataset.write.resume.RESUMABLE_CHANGES`:
 parts written under ``fail`` hold no non-finite state). The others (``backend_options``,
-``max_samples``, ``writer_batch_bytes``, ``max_shard_bytes``, ``trust_remote_code``) may change
-between runs without changing a row already written.
+``max_samples``, ``writer_batch_bytes``, ``max_shard_bytes``, ``trust_remote_code``, ``tokenize_workers``,
+``license``) may change between runs without changing a row already written.
 """
 
 from __future__ import annotations
@@ -130,9 +130,14 @@ class HiddenStatesConfig:
     on_nonfinite: NonfinitePolicy = _f("fail", "NaN/Inf in a state: stop the build (fail) or reject the sample")
     max_samples: int | None = _f(None, "build at most this many source rows (default: all)")
     part_size: int = _f(256, "source rows per resumable part")
+    tokenize_workers: int | None = _f(None, "processes that tokenize the source (chat template, tokenizer, loss mask), "
+                                            "results in row order: default one per CPU core (at most 8) for a build "
+                                            "of 1024 rows or more; 0: in the build's own process")
     writer_batch_bytes: int = _f(64 * 2**20, "Arrow record batch budget; a row this big goes alone, without a copy")
     max_shard_bytes: int = _f(2 * 2**30, "largest shard file")
     file_format: FileFormat = _f("arrow", "shard format: arrow (zero-copy reads) or parquet")
+    license: str = _f("unknown", "the dataset's license in its card (a Hub license id: apache-2.0, mit, cc-by-4.0, "
+                                 "other...); the states derive from the model and the source: follow both their terms")
 
     def __post_init__(self) -> None:
         for f in config_fields():  # each value as its field's type (``--set`` text included), else a ConfigError
@@ -160,6 +165,10 @@ class HiddenStatesConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1 (--set {name}=...)", field=name,
                                   value=getattr(self, name))
+        if self.tokenize_workers is not None and self.tokenize_workers < 0:
+            raise ConfigError(f"tokenize_workers={self.tokenize_workers}: must be >= 0 (0: tokenize in the build's "
+                              "process), or null for one per CPU core", field="tokenize_workers",
+                              value=self.tokenize_workers)
         if self.max_samples is not None and self.max_samples < 0:
             raise ConfigError(f"max_samples={self.max_samples}: must be >= 0, or null for every source row",
                               field="max_samples", value=self.max_samples)

@@ -17,8 +17,8 @@ __all__ = [
     "BackendError", "BuildInterrupted", "BuildLockedError", "ConfigError", "ConfigMismatchError", "EmptyBuildError",
     "ForeignFilesError", "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError",
     "NonFiniteError",
-    "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RequestError", "SampleError",
-    "SecretLeakError", "ShareError", "TransportError", "VersionExistsError", "VersionNameError",
+    "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RepoIdError", "RequestError", "SampleError",
+    "SecretLeakError", "ShareError", "TokenizeWorkerError", "TransportError", "VersionExistsError", "VersionNameError",
 ]
 
 
@@ -134,6 +134,11 @@ class OutputWriteError(HsDatasetError, OSError):
         return self.message
 
 
+# -- prepare ------------------------------------------------------------------------------------------
+class TokenizeWorkerError(HsDatasetError, RuntimeError):
+    """A tokenize worker process died (:mod:`hs_dataset.prepare.workers`); a rerun resumes the build."""
+
+
 # -- capture ------------------------------------------------------------------------------------------
 class BackendError(HsDatasetError, RuntimeError):
     """The capture backend as a whole failed (engine died, hangs, cannot start); the build stops and resumes."""
@@ -171,6 +176,14 @@ class VersionNameError(PublishError, ValueError):
     def __init__(self, message: str, *, version: str | None = None):
         super().__init__(message)
         self.version = version
+
+
+class RepoIdError(PublishError, ValueError):
+    """A dataset repo id the Hub cannot have (``org/name``: letters, digits, ``-``, ``_``, ``.``); ``repo_id``."""
+
+    def __init__(self, message: str, *, repo_id: str = ""):
+        super().__init__(message)
+        self.repo_id = repo_id
 
 
 class SecretLeakError(PublishError):

@@ -49,7 +49,7 @@ import torch
 
 from hs_dataset.capture.base import BackendItem
 from hs_dataset.capture.isolated_child import HEADER, child_main
-from hs_dataset.capture.processes import describe_exit
+from hs_dataset.processes import describe_exit
 from hs_dataset.errors import BackendError, ConfigError
 from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo, target_of

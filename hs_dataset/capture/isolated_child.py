@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import torch
 import tqdm
 
-from hs_dataset.capture.processes import set_parent_death_signal
+from hs_dataset.processes import set_parent_death_signal
 from hs_dataset.capture.registry import backend_class
 from hs_dataset.model_info import ModelInfo
 from hs_dataset.records import CaptureResult, TokenizedSample

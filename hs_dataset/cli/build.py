@@ -13,6 +13,7 @@ from hs_dataset.cli.plan import show_plan
 from hs_dataset.cli.render import print_rejects, size
 from hs_dataset.cli.scale import add_build_args, scaleout_build, wants_scaleout
 from hs_dataset.errors import ConfigError, EmptyBuildError, RejectRateError
+from hs_dataset.hub.names import check_repo_id, check_version_name
 from hs_dataset.layout import REJECTS_FILE
 
 __all__ = ["DEFAULT_MAX_REJECT_RATE", "cmd_build", "register"]
@@ -33,18 +34,19 @@ def _rate(text: str) -> float:
 
 
 def cmd_build(a: argparse.Namespace) -> int:
-    from hs_dataset.write.driver import build  # deferred: imports torch, datasets
-
-    config = make_config(a)
+    config = make_config(a)  # every error of the configuration itself, before anything heavy is imported
     if a.dry_run:
-
         return show_plan(config, a)
     if a.push:
-        from hs_dataset.hub.access import check_hub  # deferred: huggingface_hub
-
         if not a.version:
             raise ConfigError("--push needs --version, e.g. --push org/name --version v1.0")
+        check_version_name(a.version)  # the local checks first, then the Hub
+        check_repo_id(a.push)
+        from hs_dataset.hub.access import check_hub  # deferred: huggingface_hub
+
         check_hub(need_token=True)  # before the build, not after its GPU hours
+    from hs_dataset.write.driver import build  # deferred: imports torch, datasets
+
     if wants_scaleout(a):  # --workers / --worker-index / --ray: one worker of many (cli/scale.py)
         merged = scaleout_build(a, config, command_line())
         if merged is None:  # this worker's share is built; the worker of the last one merges (and pushes)
@@ -76,7 +78,6 @@ def cmd_build(a: argparse.Namespace) -> int:
                 f"{min(1.0, round(c.rejected / c.samples_in + 0.005, 2)):g}")
         print(f"every reject with its reason: {Path(a.output) / REJECTS_FILE}")
     if a.push:
-
         push(a.output, a.push, a.version, force=a.force)
     return 0
 

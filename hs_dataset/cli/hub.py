@@ -10,8 +10,8 @@ from pathlib import Path
 from hs_dataset.write.progress import is_terminal
 from hs_dataset.cli.options import add_progress_arg
 from hs_dataset.cli.render import size, table
-from hs_dataset.errors import MissingPathError
-from hs_dataset.hub.names import check_version_name
+from hs_dataset.errors import HubAccessError, MissingPathError, RepoIdError
+from hs_dataset.hub.names import check_repo_id, check_revision, check_version_name
 
 __all__ = ["cmd_push", "cmd_verify", "cmd_versions", "dash_version", "push", "register"]
 
@@ -50,11 +50,16 @@ def _quiet_hub(no_progress: bool) -> None:
 
 
 def push(build_dir: str, repo_id: str, version: str, *, force: bool, as_json: bool = False) -> None:
-    """Check the Hub (token, endpoint) first, push, print the outcome in a few lines (or JSON)."""
-    from hs_dataset.hub.access import check_hub, endpoint_of, hub_errors  # deferred: huggingface_hub
+    """Check what can be checked here (the version name, the repo id, the build), then the Hub (token,
+    endpoint), push, print the outcome in a few lines (or JSON)."""
+    from hs_dataset.hub.access import check_hub, endpoint_of, hub_errors, require_token  # deferred: huggingface_hub
     from hs_dataset.hub.publish import push_dataset  # deferred: imports torch, datasets
+    from hs_dataset.hub.uploads import read_build  # deferred: imports huggingface_hub
 
     check_version_name(version)  # first: the name's rule, before the token or the build is looked at
+    check_repo_id(repo_id)
+    require_token()
+    read_build(build_dir)  # a finished build here, before the network is asked anything
     user = check_hub(need_token=True)
     with hub_errors(repo_id=repo_id):
         r = push_dataset(build_dir, repo_id, version, force=force)
@@ -88,6 +93,7 @@ def cmd_versions(a: argparse.Namespace) -> int:
     from hs_dataset.hub.access import check_hub, hub_errors  # deferred: huggingface_hub
     from hs_dataset.hub.versions import list_versions  # deferred: imports torch, datasets
 
+    check_repo_id(a.repo_id)
     check_hub(need_token=False)
     with hub_errors(repo_id=a.repo_id):
         versions = list_versions(a.repo_id)
@@ -115,13 +121,29 @@ def cmd_verify(a: argparse.Namespace) -> int:
     from hs_dataset.hub.access import check_hub, hub_errors  # deferred: huggingface_hub
     from hs_dataset.integrity.verify import verify_build, verify_repo  # deferred: imports torch, datasets
 
-    if a.revision is None and not Path(a.target).is_dir() and a.target.strip("/").count("/") != 1:
-        raise MissingPathError(f"{a.target}: no such build directory (and not a repo id, org/name): check the path")
-    if Path(a.target).is_dir() and a.revision is None:
+    local = Path(a.target)
+    if local.is_dir() and a.revision is None:
         report = verify_build(a.target, quick=a.quick)
     else:
+        if local.exists():
+            raise MissingPathError(f"{a.target} is a file, not a build directory: check the path")
+        if a.revision is None and a.target.strip("/").count("/") != 1:
+            raise MissingPathError(f"{a.target}: no such build directory (and not a repo id, org/name): check the path")
+        try:
+            check_repo_id(a.target)
+        except RepoIdError as e:
+            if a.revision is not None:  # a repo id was meant
+                raise
+            raise MissingPathError(f"{a.target}: no such build directory, and not a repo id ({e})") from None
+        if a.revision is not None:
+            check_revision(a.revision)
         _quiet_hub(a.no_progress)
-        check_hub(need_token=False)
+        try:
+            check_hub(need_token=False)
+        except HubAccessError as e:
+            if a.revision is not None:
+                raise
+            raise HubAccessError(f"{a.target}: no such build directory here; as a repo id: {e}") from None
         with hub_errors(repo_id=a.target):
             report = verify_repo(a.target, revision=a.revision, quick=a.quick)
     print(report.message())
@@ -130,15 +152,15 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("push", parents=[common], help="upload a built dataset to the Hub as a tagged version")
-    p.add_argument("dir")
-    p.add_argument("repo_id")
+    p.add_argument("dir", help="the output directory of a finished build (hs-dataset build ... -o DIR)")
+    p.add_argument("repo_id", help="the dataset repo on the Hub, org/name (made if it does not exist)")
     p.add_argument("--version", required=True, help="the version's tag, e.g. v1.0")
     p.add_argument("--force", action="store_true", help="replace an existing version (recorded in the card)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="the summary as text or JSON")
     add_progress_arg(p)
     p.set_defaults(fn=cmd_push)
     v = sub.add_parser("versions", parents=[common], help="list the versions of a dataset repo with their counts")
-    v.add_argument("repo_id")
+    v.add_argument("repo_id", help="the dataset repo on the Hub, org/name")
     v.add_argument("--format", choices=("text", "json"), default="text", help="a table, or JSON")
     v.set_defaults(fn=cmd_versions)
     c = sub.add_parser("verify", parents=[common],

@@ -7,10 +7,6 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from hs_dataset.write.rejects import read_rejects
 from hs_dataset.cli.render import histogram, print_rejects, size, table
 from hs_dataset.errors import NotABuildError
@@ -20,6 +16,7 @@ __all__ = ["cmd_inspect", "register"]
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
+    import numpy as np  # deferred: the command line starts without numpy
     from hs_dataset.integrity.verify import verify_build  # deferred: imports torch, datasets
     from hs_dataset.read.stats import build_stats, plot_stats  # deferred: imports torch, datasets
 
@@ -66,6 +63,8 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def _print_schema(out: Path) -> None:
+    import pyarrow as pa  # deferred: the command line starts without pyarrow
+    import pyarrow.parquet as pq  # deferred: the command line starts without pyarrow
 
     files = sorted((out / DATA_DIR).glob("train-*"))
     if not files:
@@ -81,7 +80,7 @@ def _print_schema(out: Path) -> None:
 def register(sub, common: argparse.ArgumentParser) -> None:
     i = sub.add_parser("inspect", parents=[common],
                        help="what a build holds: counts, lengths, loss mask, state statistics, rejects, shard check")
-    i.add_argument("dir")
+    i.add_argument("dir", help="the output directory of a finished build (hs-dataset build ... -o DIR)")
     i.add_argument("--plot", metavar="FILE.png", help="draw the token-norm histogram of every state and the length "
                                                       "histogram into a PNG (needs matplotlib)")
     i.add_argument("--sample-rows", type=int, default=32, metavar="N",

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from hs_dataset.capture.options import backend_options
+from hs_dataset.capture.options import backend_options, check_backend_options
 from hs_dataset.config import HiddenStatesConfig, coerce_field, config_fields, describe_type, did_you_mean, field_types
 from hs_dataset.errors import ConfigError, MissingPathError
 from hs_dataset.layout import BACKENDS
@@ -92,10 +92,16 @@ def load_preset(path: str, sets: list[str]) -> dict[str, Any]:
     return config
 
 
-def make_config(a: argparse.Namespace):
-    """The :class:`~hs_dataset.config.HiddenStatesConfig` of a command line (``a.script`` + ``a.set``)."""
+def make_config(a: argparse.Namespace) -> HiddenStatesConfig:
+    """The :class:`~hs_dataset.config.HiddenStatesConfig` of a command line (``a.script`` + ``a.set``), its
+    ``backend_options`` checked too: every error of the configuration itself, before anything is loaded.
 
-    return HiddenStatesConfig(**load_preset(a.script, a.set))
+    Raises:
+        ConfigError: see :func:`load_preset`; an unknown backend or backend option (naming the closest).
+    """
+    config = HiddenStatesConfig(**load_preset(a.script, a.set))
+    check_backend_options(config.backend, dict(config.backend_options, trust_remote_code=config.trust_remote_code))
+    return config
 
 
 def command_line() -> str:

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from hs_dataset.write.shares import share_parts
-from hs_dataset.cli.options import add_config_args, make_config
+from hs_dataset.cli.options import ConfigHelp, add_config_args, add_progress_arg, make_config
 from hs_dataset.cli.render import histogram, print_rejects, size, table
-from hs_dataset.scale.launchers import worker_count
 
 __all__ = ["cmd_plan", "duration", "register", "show_plan"]
 
@@ -43,10 +39,17 @@ def _rate_line(plan, given: float | None) -> tuple[float | None, str]:
 
 
 def show_plan(config, a: argparse.Namespace) -> int:
-    """Print the plan of ``config`` (``a``: ``tok_per_s``, ``workers`` where the command has them)."""
-    from hs_dataset.write.plan import plan_build  # deferred: imports torch, datasets
+    """Print the plan of ``config`` (``a``: ``tok_per_s``, ``workers``, ``sample``, ``no_progress`` where the
+    command has them)."""
+    import numpy as np  # deferred: the command line starts without numpy
 
-    p = plan_build(config)
+    from hs_dataset.scale.launchers import worker_count  # deferred: imports pyarrow
+    from hs_dataset.write.plan import plan_build  # deferred: imports torch, datasets
+    from hs_dataset.write.shares import share_parts  # deferred: imports pyarrow
+
+    sample = getattr(a, "sample", None)
+    n = None if getattr(a, "workers", None) is None else worker_count(a.workers)  # a bad --workers: before the work
+    p = plan_build(config, sample=sample, progress=not getattr(a, "no_progress", False))
     lengths = np.asarray(p.lengths, dtype=np.int64)
     states = ", ".join(map(str, p.layers)) + " + final"
     print(f"plan of {a.script} (nothing run: the model's config.json, the tokenizer and the source only)")
@@ -55,22 +58,29 @@ def show_plan(config, a: argparse.Namespace) -> int:
     limit = "all" if config.max_samples is None else f"{config.max_samples:,}"
     print(f"source:   {config.source}: {p.source_rows:,} rows; this build reads {p.rows:,} (max_samples: {limit}) "
           f"in {len(p.part_samples)} parts of {config.part_size}")
-    print(f"samples:  {len(p.lengths):,} to write, {len(p.rejects):,} rejected; {p.truncated:,} cut to max_length "
-          f"{config.max_length} (truncation={config.truncation})")
+    est = ""
+    if p.sampled:
+        est = " in the sample"
+        print(f"sample:   {p.sampled:,} of the {p.rows:,} rows tokenized (--sample {sample}: blocks spread over the "
+              f"source); the build's totals below are estimates, x{p.scale:,.2f}")
+    print(f"samples:  {len(p.lengths):,} to write, {len(p.rejects):,} rejected{est}; {p.truncated:,} cut to max_length "
+          f"{config.max_length} (truncation={config.truncation})"
+          + (f"; the build: ~{round(len(p.lengths) * p.scale):,} to write" if p.sampled else ""))
     if lengths.size:
-        print(f"tokens:   {p.tokens:,} (per sample: min {lengths.min():,}, median {int(np.median(lengths)):,}, "
+        total = f"~{p.build_tokens:,} (estimated; {p.tokens:,} in the sample)" if p.sampled else f"{p.tokens:,}"
+        print(f"tokens:   {total} (per sample: min {lengths.min():,}, median {int(np.median(lengths)):,}, "
               f"mean {lengths.mean():,.0f}, max {lengths.max():,}); loss mask on {p.masked_tokens / p.tokens:.1%}")
         print("lengths (tokens: samples):")
         for line in histogram(lengths):
             print(line)
-    print_rejects([r.to_dict() for r in p.rejects], p.rows)
+    print_rejects([r.to_dict() for r in p.rejects], p.sampled or p.rows)
     print("on disk (states + input_ids + loss_mask; Arrow shards; parquet shards are coded losslessly, smaller by "
-          "what the states compress to):")
+          "what the states compress to)" + (", estimated:" if p.sampled else ":"))
     from hs_dataset.codec.sizes import storage_options  # deferred: imports nothing heavy, kept beside plan_costs
 
     this = config.storage_dtype + (f" + teacher {config.teacher}" if config.teacher else "") + \
         ("" if config.store_final else ", store_final=false")
-    rows = [(d + (" (this build)" if d == this else ""), f"{b:,.0f} B/token", size(p.tokens * b))
+    rows = [(d + (" (this build)" if d == this else ""), f"{b:,.0f} B/token", size(p.build_tokens * b))
             for d, b in storage_options(p.n_states, p.info.hidden_size,
                                         masked_fraction=p.masked_tokens / max(p.tokens, 1))]
     for line in table(("storage_dtype", "per token", "total"), rows):
@@ -82,7 +92,12 @@ def show_plan(config, a: argparse.Namespace) -> int:
     rate, what = _rate_line(p, getattr(a, "tok_per_s", None))
     if rate:
         bpt = p.bytes_per_token(config.storage_dtype)
-        seconds, by_length = (p.tokens / rate, []) if getattr(a, "tok_per_s", None) else prefill_seconds(p, rate)
+        by_length: list[str] = []
+        if getattr(a, "tok_per_s", None):
+            seconds = p.build_tokens / rate
+        else:
+            seconds, by_length = prefill_seconds(p, rate)
+            seconds *= p.scale  # a sample's lengths stand for the whole source
         longer = f" (by sample length: {'; '.join(by_length)})" if len(by_length) > 1 else ""
         print(f"time:     {duration(seconds)} of prefill at {what}{longer}. At that rate the build writes "
               f"{size(rate * bpt)}/s to disk: a slower disk bounds it (README: GPU tests and benchmarks)")
@@ -90,14 +105,17 @@ def show_plan(config, a: argparse.Namespace) -> int:
         print(f"time:     {what}")
     for note in p.notes:
         print(f"note:     {note}")
-    n = None if getattr(a, "workers", None) is None else worker_count(a.workers)
     if n:
-        print(f"workers:  {n}; part p goes to worker share p % {n} (round-robin by part, as the build splits it)")
+        print(f"workers:  {n}; part p goes to worker share p % {n} (round-robin by part, as the build splits it)"
+              + ("; a share's samples and tokens: its rows' part of the estimate" if p.sampled else ""))
         shares: list[tuple] = []
         for k, parts in enumerate(share_parts(len(p.part_samples), n)):
-            tokens = sum(p.part_tokens[i] for i in parts)
-            shares.append((k, len(parts), f"{sum(p.part_samples[i] for i in parts):,}", f"{tokens:,}",
-                         duration(tokens / rate) if rate else "n/a"))
+            if p.sampled:  # the sample does not cover every part: a share's part of the estimate, by its rows
+                share_rows = sum(min(config.part_size, p.rows - i * config.part_size) for i in parts)
+                samples, tokens = (round(x * share_rows / max(p.rows, 1) * p.scale) for x in (len(p.lengths), p.tokens))
+            else:
+                samples, tokens = sum(p.part_samples[i] for i in parts), sum(p.part_tokens[i] for i in parts)
+            shares.append((k, len(parts), f"{samples:,}", f"{tokens:,}", duration(tokens / rate) if rate else "n/a"))
         for line in table(("share", "parts", "samples", "tokens", "time"), shares):
             print(line)
     return 0
@@ -120,10 +138,17 @@ def _positive(kind):
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("plan", parents=[common],
+    p = sub.add_parser("plan", parents=[common], add_help=False,
                        help="before spending GPU hours: read and tokenize the source as the build would, print "
-                            "samples, tokens, lengths, rejects, bytes on disk and a time estimate (no model run)")
+                            "samples, tokens, lengths, rejects, bytes on disk and a time estimate (no model run)",
+                       description="Read and tokenize the source as the build would (no model run) and print what "
+                                   "it would write and cost.")
+    p.add_argument("-h", "--help", action=ConfigHelp, help="show this help, every config field and backend option")
     add_config_args(p)
+    p.add_argument("--sample", type=_positive(int), metavar="N",
+                   help="tokenize only about N rows (in blocks spread over the source) and scale the counts up: "
+                        "an estimate in seconds instead of the exact plan")
+    add_progress_arg(p)
     p.add_argument("--tok-per-s", type=_positive(float), metavar="N",
                    help="prefill tokens/s of your engine, for the time estimate (default: a measured H200 figure "
                         "for the model's shape, where there is one)")

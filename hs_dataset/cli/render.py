@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from hs_dataset.write.card import human_bytes
 from hs_dataset.write.rejects import group_rejects
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["histogram", "print_rejects", "size", "table"]
 
@@ -37,6 +38,8 @@ def _is_number(text: str) -> bool:
 
 def histogram(values: Sequence[int] | np.ndarray, bins: int = 8, width: int = 40) -> list[str]:
     """A text histogram of token lengths: one line per bin, ``lo-hi  ████ count``."""
+    import numpy as np  # deferred: the command line starts without numpy
+
     v = np.asarray(values, dtype=np.int64)
     if v.size == 0:
         return ["  (no samples)"]

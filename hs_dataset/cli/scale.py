@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import ConfigError
-from hs_dataset.scale.launchers import parse_count, resolve_share
-from hs_dataset.scale.worker import build_share
 
 if TYPE_CHECKING:
     from hs_dataset.scale.merge import MergeSummary
@@ -43,6 +41,9 @@ def wants_scaleout(a: argparse.Namespace) -> bool:
 def scaleout_build(a: argparse.Namespace, config: HiddenStatesConfig, command: str) -> MergeSummary | None:
     """``hs-dataset build`` with ``--workers``/``--worker-index``/``--ray``: build, print, merge.
     -> the merge, when ``a.output`` now holds the finished build (to check and push); None otherwise."""
+    from hs_dataset.scale.launchers import parse_count, resolve_share  # deferred: imports pyarrow
+    from hs_dataset.scale.worker import build_share  # deferred: imports torch, datasets
+
     merged: MergeSummary | None
     if a.ray is not None:
         from hs_dataset.scale.ray import build_with_ray  # deferred: imports torch, datasets

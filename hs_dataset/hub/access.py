@@ -19,7 +19,7 @@ from huggingface_hub.utils import get_session
 
 from hs_dataset.errors import HubAccessError
 
-__all__ = ["check_hub", "endpoint_of", "hub_error", "hub_errors"]
+__all__ = ["check_hub", "endpoint_of", "hub_error", "hub_errors", "require_token"]
 
 LOGIN = "set HF_TOKEN or run `hf auth login`"
 
@@ -73,6 +73,20 @@ def hub_errors(endpoint: str | None = None, repo_id: str | None = None) -> Itera
         raise err from e
 
 
+def require_token(*, token: str | None = None, endpoint: str | None = None) -> str:
+    """The token a push will use (``token``, else huggingface_hub's ``HF_TOKEN`` / stored login), looked up
+    without any request.
+
+    Raises:
+        HubAccessError: there is none (the message says how to set one).
+    """
+    tok = token or get_token()
+    if tok is None:
+        raise HubAccessError(f"no Hugging Face token: {LOGIN} (a push to {endpoint_of(endpoint)} needs one that may "
+                             "write)")
+    return tok
+
+
 def check_hub(*, token: str | None = None, endpoint: str | None = None, need_token: bool = True) -> str | None:
     """Check, before any work, that the Hub can be used; return the token's user name (None: no token).
 
@@ -86,10 +100,8 @@ def check_hub(*, token: str | None = None, endpoint: str | None = None, need_tok
     """
 
     ep = endpoint_of(endpoint)
-    tok = token or get_token()
+    tok = require_token(token=token, endpoint=ep) if need_token else (token or get_token())
     if tok is None:
-        if need_token:
-            raise HubAccessError(f"no Hugging Face token: {LOGIN} (a push to {ep} needs one that may write)")
         with hub_errors(ep):
             get_session().get(f"{ep}/api/whoami-v2", timeout=30)  # any answer will do: it is reachable
         return None

@@ -104,7 +104,8 @@ class Chunks:
 
 def chunk_bytes(data: Data, *, table: np.ndarray = GEAR_TABLE) -> Chunks:
     """The content-defined chunks of ``data`` (see :func:`chunk_boundaries`), with their names."""
-    view = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else memoryview(data.view(np.uint8).reshape(-1))
+    flat = data.view(np.uint8).reshape(-1) if isinstance(data, np.ndarray) else data
+    view = memoryview(flat).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers
     ends = chunk_boundaries(view, table=table)
     starts = np.concatenate([[0], ends[:-1]]) if len(ends) else ends
     return Chunks(tuple(int(e - s) for s, e in zip(starts, ends)),

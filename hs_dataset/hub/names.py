@@ -1,4 +1,5 @@
-"""Which names a published version may have: a git tag that shadows no other ref on the Hub.
+"""Which names a published version may have (a git tag that shadows no other ref on the Hub), which
+revisions can exist at all, and which repo ids the Hub takes: checked before any request.
 
 A version is a tag of the dataset repository, and the Hub resolves a revision by name (a branch, a
 tag, or a commit id). A tag named ``main`` makes ``load_dataset(repo)`` ambiguous and every later
@@ -15,9 +16,10 @@ from __future__ import annotations
 
 import re
 
-from hs_dataset.errors import VersionNameError
+from hs_dataset.errors import RepoIdError, VersionNameError
 
-__all__ = ["MAX_LENGTH", "WORK_BRANCH_PREFIX", "check_version_name", "version_name_problem"]
+__all__ = ["MAX_LENGTH", "WORK_BRANCH_PREFIX", "check_repo_id", "check_revision", "check_version_name",
+           "version_name_problem"]
 
 WORK_BRANCH_PREFIX = "hs-dataset/"
 MAX_LENGTH = 128  # a safe limit chosen here: far within what git, URLs and file systems take, readable in a card
@@ -94,3 +96,26 @@ def check_version_name(version: str, branches: set[str] | frozenset[str] = froze
         shown = repr(version) if len(version) <= MAX_LENGTH else f"{version[:40]!r}..."
         raise VersionNameError(f"invalid version name {shown}: it {why}. Use a plain tag name such as 'v1.0'",
                                version=version)
+
+
+def check_revision(revision: str) -> None:
+    """Raise :class:`VersionNameError` when no ref can be named ``revision`` (git's rules: a branch, a tag or a
+    commit id to read; its name is not checked against the version-name rules)."""
+    why = "is empty" if not revision else _git_problem(revision.removeprefix("refs/"))
+    if why is not None:
+        raise VersionNameError(f"invalid revision {revision!r}: it {why}; give a version (e.g. v1.0), a branch or a "
+                               "commit id (`hs-dataset versions REPO` lists the versions)", version=revision)
+
+
+def check_repo_id(repo_id: str) -> None:
+    """Raise :class:`RepoIdError` in one line when the Hub cannot have a repo named ``repo_id`` (its own rule,
+    ``huggingface_hub.utils.validate_repo_id``: ``org/name`` or ``name``, letters, digits, ``-``, ``_``, ``.``)."""
+    from huggingface_hub.errors import HFValidationError  # deferred: huggingface_hub
+    from huggingface_hub.utils import validate_repo_id  # deferred: huggingface_hub
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        why = " ".join(str(e).split()).split(" Use `repo_type`")[0]
+        raise RepoIdError(f"invalid repo id {repo_id!r}: {why.rstrip('.')}. A dataset repo id is org/name, e.g. "
+                          "org/kimi-eagle3-hs", repo_id=repo_id) from None

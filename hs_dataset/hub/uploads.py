@@ -66,7 +66,8 @@ def read_build(local_dir: str | os.PathLike) -> tuple[Path, dict, str]:
     """Check ``local_dir`` is a finished build -> (path, hs_dataset.json content, README text)."""
     root = Path(local_dir)
     if not root.is_dir():
-        raise NotABuildError(f"{root} is not a directory")
+        what = "is a file, not a build directory" if root.exists() else "no such build directory"
+        raise NotABuildError(f"{root}: {what}: check the path (push the output directory of a finished build)")
     metadata = read_meta(root)
     if not (root / README_FILE).is_file():
         raise NotABuildError(f"{root} is not a finished hs_dataset build: no {README_FILE} (run or resume the build "

@@ -147,9 +147,10 @@ def _spans_reaching(spans: Iterator[tuple[int, int]], reach: int) -> list[tuple[
     return out
 
 
-def _reach(offsets: list[tuple[int, int]]) -> int:
-    """The last character position any of these tokens touches (an empty token: its start)."""
-    return max((max(s, e) for s, e in offsets), default=0)
+def _reach(offsets: np.ndarray) -> int:
+    """The last character position any of these tokens touches (an empty token: its start); ``offsets``:
+    ``[n, 2]`` character spans."""
+    return int(offsets.max()) if offsets.size else 0
 
 
 def _first_difference(a: str, b: str) -> int:
@@ -160,13 +161,13 @@ def _first_difference(a: str, b: str) -> int:
     return n
 
 
-def _mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
-    """1 for each token whose characters overlap a span (an empty token: whose start lies in one)."""
+def _mask_from_offsets(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token whose characters (``offsets``: ``[n, 2]`` starts and ends) overlap a span (an empty
+    token: whose start lies in one)."""
     mask = np.zeros(len(offsets), dtype=np.uint8)
     if not spans:
         return mask
-    starts = np.array([s for s, _ in offsets], dtype=np.int64)
-    ends = np.array([e for _, e in offsets], dtype=np.int64)
+    starts, ends = offsets[:, 0], offsets[:, 1]
     for a, b in spans:
         overlap = (starts < b) & (ends > a)
         empty_inside = (ends <= starts) & (starts >= a) & (starts < b)

@@ -2,20 +2,24 @@
 
 One generator feeds both the builder and the capture stream, and ``plan`` reads the source through
 it too, so a plan counts exactly what a build writes. It needs no model, only the tokenizer (and,
-for ``responses="regenerate"``, the backend that writes the replies).
+for ``responses="regenerate"``, the backend that writes the replies). With ``responses="source"``
+each row goes through :func:`~hs_dataset.prepare.rows.prepare_row`, in this process or in
+:class:`~hs_dataset.prepare.workers.TokenizeWorkers` (the same function on the same tokenizer, results
+in row order: the same samples and rejects).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.config import GenerationOptions, HiddenStatesConfig
 from hs_dataset.errors import ConfigError, SampleError
 from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.loss_mask import tokenize_sample
-from hs_dataset.config import GenerationOptions
 from hs_dataset.prepare.regenerate import Generator, messages_json, regenerate_conversations
+from hs_dataset.prepare.rows import TokenizeRules, prepare_row
 from hs_dataset.prepare.sources import iter_source
+from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.records import Conversation, Reject, TokenizedSample
 
 if TYPE_CHECKING:
@@ -26,7 +30,8 @@ __all__ = ["tokenized_samples"]
 
 def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
                       ranges: list[tuple[int, int | None]], on_reject: Callable[[int, Reject], None], *,
-                      generator: object | None = None) -> Iterator[tuple[int, TokenizedSample]]:
+                      generator: object | None = None,
+                      workers: TokenizeWorkers | None = None) -> Iterator[tuple[int, TokenizedSample]]:
     """Read, parse, (regenerate,) then tokenize and mask the source rows of ``ranges``: ``(row index, sample)``.
 
     Args:
@@ -39,12 +44,27 @@ def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizer
             ``regenerate`` or ``tokenize``).
         generator: with ``responses="regenerate"``, what writes the replies (the capture backend); each
             range's conversations are regenerated together (:mod:`hs_dataset.prepare.regenerate`).
+        workers: with ``responses="source"``, worker processes that run :func:`~hs_dataset.prepare.rows.prepare_row` (started with
+            this tokenizer's directory); None: this process does. The samples, rejects and their order
+            are the same.
 
     Raises:
         ConfigError: ``responses="regenerate"`` without a generator that can generate.
     """
     cfg = config
     vocab = vocab_size
+    if cfg.responses == "source":
+        rules = TokenizeRules.of(cfg, vocab)
+        rows = (row for start, stop in ranges
+                for row in iter_source(cfg.source, start=start or 0, stop=stop, sample_id=cfg.sample_id))
+        results = workers.prepare(rows, rules) if workers is not None else (
+            (row.index, prepare_row(row, tokenizer, rules)) for row in rows)
+        for index, result in results:
+            if isinstance(result, Reject):
+                on_reject(index, result)
+            else:
+                yield index, result
+        return
 
     def tokenized(index: int, sample_id: str, parsed: Conversation | TokenizedSample, stage: str):
         try:
@@ -53,8 +73,7 @@ def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizer
         except SampleError as e:
             on_reject(index, Reject(sample_id, e.field, e.reason, stage))
             return None
-        if cfg.responses == "regenerate":
-            sample.messages = messages_json(parsed)  # type: ignore[arg-type]
+        sample.messages = messages_json(parsed)  # type: ignore[arg-type]
         return sample
 
     for start, stop in ranges:
@@ -65,11 +84,7 @@ def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizer
             except SampleError as e:
                 on_reject(row.index, Reject(row.sample_id, e.field, e.reason, "source"))
                 continue
-            if cfg.responses == "source":
-                sample = tokenized(row.index, row.sample_id, parsed, "tokenize")
-                if sample is not None:
-                    yield row.index, sample
-            elif not isinstance(parsed, Conversation):
+            if not isinstance(parsed, Conversation):
                 on_reject(row.index, Reject(row.sample_id, "input_ids", "already tokenized rows have no replies to "
                                             "regenerate (responses=regenerate needs conversations)", "regenerate"))
             else:

@@ -23,7 +23,8 @@ tokens are not exact bytes of the text, so the mask could not be placed exactly.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+import weakref
+from typing import Any
 
 import numpy as np
 
@@ -66,22 +67,49 @@ def offsets_method(tokenizer: Any, where: str | os.PathLike[str] = "") -> str:
     )
 
 
-def _bytes_of(tokenizer: Any, method: str) -> Callable[[list[int]], list[bytes]]:
-    added = {int(i): str(t).encode("utf-8") for i, t in tokenizer.added_tokens_decoder.items()}
-    if method == "tiktoken bytes":
-        enc = _tiktoken_encoding(tokenizer)
-        return lambda ids: [added[i] if i in added else enc.decode_single_token_bytes(i) for i in ids]
-    byte_decoder = tokenizer.byte_decoder
+class _ByteTable:
+    """Every token id's exact bytes, made once per tokenizer (added and special tokens: their text); ``None``
+    (length -1) for an id that has no bytes (a gap in the ranks, a token outside the byte alphabet)."""
 
-    def level(ids: list[int]) -> list[bytes]:
-        tokens = tokenizer.convert_ids_to_tokens(ids)
-        return [added[i] if i in added else bytes(byte_decoder[c] for c in t) for i, t in zip(ids, tokens)]
+    def __init__(self, tokenizer: Any, method: str):
+        added = {int(i): str(t).encode("utf-8") for i, t in tokenizer.added_tokens_decoder.items()}
+        n = max(len(tokenizer), max(added, default=-1) + 1)
+        pieces: list[bytes | None] = [None] * n
+        if method == "tiktoken bytes":
+            enc = _tiktoken_encoding(tokenizer)
+            n = max(n, enc.n_vocab)
+            pieces += [None] * (n - len(pieces))
+            for i in range(enc.n_vocab):
+                try:
+                    pieces[i] = enc.decode_single_token_bytes(i)
+                except KeyError:  # a gap in the ranks: no text encodes to it
+                    pass
+        else:
+            byte_decoder = tokenizer.byte_decoder
+            for i, t in enumerate(tokenizer.convert_ids_to_tokens(list(range(n)))):
+                if t is not None and all(c in byte_decoder for c in t):
+                    pieces[i] = bytes(byte_decoder[c] for c in t)
+        for i, b in added.items():
+            pieces[i] = b
+        self.size = len(tokenizer)
+        self.pieces = pieces
+        self.lengths = np.fromiter((-1 if b is None else len(b) for b in pieces), dtype=np.int64, count=n)
 
-    return level
+
+_TABLES: "weakref.WeakKeyDictionary[Any, _ByteTable]" = weakref.WeakKeyDictionary()
 
 
-def encode_with_offsets(tokenizer: Any, text: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Tokenize ``text`` (no special tokens added) and return ``(ids, char offsets)``, one ``(start, end)`` per token.
+def _byte_table(tokenizer: Any, method: str) -> _ByteTable:
+    """The :class:`_ByteTable` of ``tokenizer`` (made again if tokens were added since)."""
+    table = _TABLES.get(tokenizer)
+    if table is None or table.size != len(tokenizer):
+        table = _TABLES[tokenizer] = _ByteTable(tokenizer, method)
+    return table
+
+
+def encode_with_offsets(tokenizer: Any, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize ``text`` (no special tokens added) and return ``(ids, char offsets)``: ``offsets[k]`` is the
+    ``[start, end)`` characters of token ``k`` (an ``[n, 2]`` int64 array).
 
     Raises:
         SampleError: tokenizing failed, or (slow tokenizers) the tokens do not spell ``text`` byte for byte.
@@ -90,14 +118,23 @@ def encode_with_offsets(tokenizer: Any, text: str) -> tuple[np.ndarray, list[tup
     method = offsets_method(tokenizer)
     try:
         if method == "offsets":
-            enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-            return np.asarray(enc["input_ids"], dtype=np.int64), [tuple(o) for o in enc["offset_mapping"]]
-        ids = [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
-        pieces = _bytes_of(tokenizer, method)(ids)
+            # verbose=False: the text may be longer than model_max_length (it is cut to max_length later)
+            enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+            offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+            return np.asarray(enc["input_ids"], dtype=np.int64), offsets
+        ids = np.asarray(tokenizer.encode(text, add_special_tokens=False, verbose=False), dtype=np.int64)
+        table = _byte_table(tokenizer, method)
+        bad = np.flatnonzero((ids < 0) | (ids >= len(table.pieces)))
+        bad = bad if bad.size else np.flatnonzero(table.lengths[ids] < 0)
+        if bad.size:
+            raise SampleError("chat_template", f"token {int(ids[bad[0]])} (at position {int(bad[0])}) has no exact "
+                              "bytes in this tokenizer's vocabulary, so the loss mask cannot be placed")
+        spelled = b"".join(map(table.pieces.__getitem__, ids.tolist()))  # type: ignore[arg-type]
+    except SampleError:
+        raise
     except Exception as e:  # tokenizers raise many kinds (ValueError, KeyError, pyo3 panics...)
         raise SampleError("chat_template", f"tokenizing the rendered text failed: {type(e).__name__}: {e}") from None
     data = text.encode("utf-8")
-    spelled = b"".join(pieces)
     if spelled != data:
         n = min(len(spelled), len(data))
         at = next((k for k in range(n) if spelled[k] != data[k]), n)
@@ -107,17 +144,16 @@ def encode_with_offsets(tokenizer: Any, text: str) -> tuple[np.ndarray, list[tup
             f"{spelled[at:at + 20]!r} vs {data[at:at + 20]!r}), so the loss mask cannot be placed; use a fast "
             "tokenizer (tokenizer.json) for this model",
         )
+    return ids, _char_offsets(data, len(text), table.lengths[ids])
+
+
+def _char_offsets(data: bytes, n_chars: int, lengths: np.ndarray) -> np.ndarray:
+    """Each token's ``[start, end)`` characters from its byte length (the tokens spell ``data`` in order)."""
     # The character each byte belongs to: count the bytes that start a UTF-8 character.
     raw = np.frombuffer(data, dtype=np.uint8)
-    char_of_byte = np.cumsum((raw & 0xC0) != 0x80) - 1
-    ends = np.cumsum([len(p) for p in pieces], dtype=np.int64)
-    offsets = []
-    start = 0
-    for end in ends.tolist():
-        if end > start:
-            offsets.append((int(char_of_byte[start]), int(char_of_byte[end - 1]) + 1))
-        else:
-            c = int(char_of_byte[start]) if start < len(data) else len(text)
-            offsets.append((c, c))
-        start = end
-    return np.asarray(ids, dtype=np.int64), offsets
+    char_of_byte = np.append(np.cumsum((raw & 0xC0) != 0x80) - 1, n_chars)  # one past the end: the text's length
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    first = char_of_byte[starts]  # an empty token: at the character its position starts (or the end)
+    last = np.where(lengths > 0, char_of_byte[np.maximum(ends - 1, 0)] + 1, first)
+    return np.stack([first, last], axis=1).astype(np.int64, copy=False)

@@ -28,6 +28,7 @@ from hs_dataset.errors import ConfigError, NonFiniteError, SampleError
 from hs_dataset.layout import state_columns
 from hs_dataset.model_info import ModelInfo
 from hs_dataset.prepare.samples import tokenized_samples
+from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.records import Counts, Reject, TokenizedSample
 
 __all__ = ["HiddenStatesBuilder", "HiddenStatesBuilderConfig", "writer_batch_rows"]
@@ -69,6 +70,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         stream: a :class:`~hs_dataset.write.capture_stream.CaptureStream` serving this part (continuously
             batching backends).
         on_row: called after every written row with ``(num_tokens, payload_bytes)`` (progress).
+        workers: the build's tokenize workers (None: tokenize in this process).
     """
 
     BUILDER_CONFIG_CLASS = HiddenStatesBuilderConfig
@@ -77,7 +79,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
     def __init__(self, *args: Any, config: HiddenStatesConfig | None = None, resolved: ResolvedBuild | None = None,
                  part: tuple[int, int] | None = None, backend: CaptureBackend | None = None,
                  on_row: Callable[[int, int], None] | None = None, stream: CaptureStream | None = None,
-                 **kwargs: Any):
+                 workers: TokenizeWorkers | None = None, **kwargs: Any):
         if resolved is None and config is not None:
             resolved = resolve_build(config, info=backend.info if backend is not None else None)
         if resolved is not None:  # datasets >= 4 builders take their config's fields as keyword arguments
@@ -87,6 +89,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         self._backend = backend
         self._on_row = on_row
         self._stream = stream
+        self._workers = workers
         self.counts = Counts()
         self.rejects: list[Reject] = []
         # Samples rejected after some of their rows were written (a long sample's later piece): the part's
@@ -147,7 +150,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
 
             r = self.resolved
             for _, sample in tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(start, stop)], reject,
-                                               generator=backend):
+                                               generator=backend, workers=self._workers):
                 self.counts.samples_in += 1
                 yield sample
 

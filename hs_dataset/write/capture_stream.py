@@ -8,6 +8,7 @@ from typing import Iterator
 from hs_dataset.write.resolve import ResolvedBuild
 from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
 from hs_dataset.prepare.samples import tokenized_samples
+from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.records import CaptureResult, Reject, TokenizedSample
 
 __all__ = ["CaptureStream"]
@@ -21,17 +22,20 @@ class CaptureStream:
     while the GPU waits for the next part's first requests. A stream keeps the next part's rows in
     flight instead. ``take(start, stop)`` yields the items of the source rows of ``[start, stop)``, in
     row order: the backend's result (a long sample's pieces, in order), or a :class:`Reject` (from the
-    source, tokenization or the backend).
+    source, tokenization or the backend). ``workers``: the build's tokenize workers (None: tokenize in
+    this process).
     """
 
-    def __init__(self, resolved: ResolvedBuild, backend: CaptureBackend, ranges: list[tuple[int, int]]):
+    def __init__(self, resolved: ResolvedBuild, backend: CaptureBackend, ranges: list[tuple[int, int]], *,
+                 workers: TokenizeWorkers | None = None):
         self._order: deque[int] = deque()  # source row index of every submitted sample, in order
         self._early_rejects: dict[int, Reject] = {}
 
         def samples() -> Iterator[TokenizedSample]:
             r = resolved
             for index, sample in tokenized_samples(r.config, r.tokenizer, r.vocab_size, list(ranges),
-                                                   self._early_rejects.__setitem__, generator=backend):
+                                                   self._early_rejects.__setitem__, generator=backend,
+                                                   workers=workers):
                 self._order.append(index)
                 yield sample
 

@@ -23,10 +23,12 @@ from typing import Any
 import yaml
 
 from hs_dataset.errors import MissingPathError
+from hs_dataset.layer_ids import drafter_layer_ids
 from hs_dataset.layout import FINAL_COLUMN, layer_column, utf8_safe
 from hs_dataset.records import Counts
 
-__all__ = ["checksums_section", "parse_history", "readme_header", "render_card", "render_readme", "split_readme"]
+__all__ = ["checksums_section", "layer_ids_section", "parse_history", "readme_header", "render_card", "render_readme",
+           "split_readme"]
 
 TEMPLATE_ENV = "HS_DATASET_CARD_TEMPLATE"
 # cards/dataset_card.md in a checkout; the same file (a symlink, copied into wheels) when installed.
@@ -48,7 +50,11 @@ def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format
     """The README front matter that lets plain ``load_dataset(dir_or_repo)`` load the shards: ``configs:``,
     and ``dataset_info:`` (features, split size) when ``metadata`` (a build's ``hs_dataset.json``)
     names the model and layers."""
-    front: dict[str, Any] = {
+    front: dict[str, Any] = {}
+    config = metadata.get("config") or {}
+    if "license" in config:  # builds made before the field existed have none (their cards still verify)
+        front["license"] = str(config["license"])
+    front |= {
         "configs": [{"config_name": "default",
                      "data_files": [{"split": "train", "path": f"data/train-*.{file_format}"}]}],
     }
@@ -166,6 +172,28 @@ def checksums_section(metadata: dict, repo_id: str | None, version: str) -> str:
             f"<details><summary>{len(shards)} shards</summary>\n\n" + "\n".join(rows) + "\n\n</details>")
 
 
+def layer_ids_section(metadata: dict) -> str:
+    """The drafter config's layer ids for the captured layers, per engine and trainer
+    (:func:`hs_dataset.layer_ids.drafter_layer_ids`): each counts the layers differently."""
+    model = metadata.get("model") or {}
+    layers = metadata.get("layers") or []
+    if not layers or "architecture" not in model or "num_layers" not in model:
+        return "n/a: this build does not record its model's architecture and depth."
+    ids = drafter_layer_ids(str(model["architecture"]), int(model["num_layers"]), layers)
+    sglang = ids["sglang"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    rows = [("vLLM, speculators (`--target-layer-ids`)", "`eagle_aux_hidden_state_layer_ids`",
+             ids["vllm"]["eagle_aux_hidden_state_layer_ids"], ids["vllm"]["rule"]),
+            ("SGLang", "`eagle_config.eagle_aux_hidden_state_layer_ids`", sglang, ids["sglang"]["rule"]),
+            ("SpecForge", "`aux_hidden_state_layer_ids`", sglang, ids["specforge"]["rule"]),
+            ("ModelOpt", "`eagle_aux_hidden_state_layer_ids`", ids["modelopt"]["eagle_aux_hidden_state_layer_ids"],
+             ids["modelopt"]["rule"])]
+    table = ["| engine / trainer | drafter config key | ids | rule |", "|---|---|---|---|"]
+    table += [f"| {who} | {key} | {'none' if v is None else '`' + _code(json.dumps(v)) + '`'} | {_cell(rule)} |"
+              for who, key, v, rule in rows]
+    return (f"The stored layers {_cell(layers)} (hs_dataset's convention: layer k is the output of decoder layer "
+            "k) are these ids in a drafter's config:\n\n" + "\n".join(table))
+
+
 def _history_table(history: list[dict], tags: dict[str, str], current_version: str) -> str:
     rows = ["| version | commit | pushed (UTC) | notes |", "|---|---|---|---|"]
     for entry in history:
@@ -279,6 +307,10 @@ def render_card(metadata: dict, extra: dict) -> str:
                                    if "trust_remote_code" in tokenizer else None),
         "chat_template_sha256": _code(tokenizer.get("chat_template_sha256")),
         "max_length": _cell(metadata.get("max_length")),
+        "source": _code(metadata.get("source")),
+        "sample_ids": _cell(metadata.get("sample_ids")),
+        "license": _code((metadata.get("config") or {}).get("license", "not recorded")),
+        "layer_ids": layer_ids_section(metadata),
         "responses": _responses(metadata.get("config") or {}),
         "samples_in": _cell(counts.get("samples_in")),
         "samples_written": _cell(counts.get("written")),

@@ -45,7 +45,7 @@ from hs_dataset.write.finalize import finalize
 from hs_dataset.write.output import check_output, lock_output, output_error
 from hs_dataset.write.parts import commit_part, generate_part
 from hs_dataset.write.progress import BuildProgress
-from hs_dataset.write.resolve import resolve_build
+from hs_dataset.write.resolve import resolve_build, start_tokenize_workers
 from hs_dataset.write.resume import (check_resume, check_shrink, full_check, invalidate_finished, part_ranges, part_record,
                                      recover)
 from hs_dataset.write.shares import WorkerShare, begin_share, finish_share
@@ -168,6 +168,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         committer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hs_dataset-commit")
         committing: cf.Future | None = None
         stream: CaptureStream | None = None
+        workers = start_tokenize_workers(resolved, sum(stop - start for _, start, stop in todo)) if todo else None
         try:
             for i, start, stop in todo:
                 if backend is None:
@@ -176,10 +177,10 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                     own_backend = True
                 if stream is None and getattr(backend, "continuous", False):
                     # one capture over all remaining parts: the engine never drains at a part boundary
-                    stream = CaptureStream(resolved, backend, [(s, e) for _, s, e in todo])
+                    stream = CaptureStream(resolved, backend, [(s, e) for _, s, e in todo], workers=workers)
                 if i == todo[0][0]:
                     invalidate_finished(out, state)  # data/ is about to change
-                generated = generate_part(resolved, out, state, i, start, stop, backend, bar, stream)
+                generated = generate_part(resolved, out, state, i, start, stop, backend, bar, stream, workers)
                 if committing is not None:  # at most one part committing while the next one is captured
                     committing.result()
                     built += 1
@@ -193,6 +194,8 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         finally:
             if stream is not None:
                 stream.close()
+            if workers is not None:
+                workers.close()
             committer.shutdown(wait=True)  # a part being committed finishes (or is discarded) before we return
             shutil.rmtree(state / "staging", ignore_errors=True)
             bar.close()

@@ -34,6 +34,7 @@ from hs_dataset.codec.coding import arrow_to_parquet
 from hs_dataset.codec.encode import stored_state_columns
 from hs_dataset.integrity.checksums import shard_entry
 from hs_dataset.layout import DATA_DIR, shard_name
+from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.records import Counts
 
 __all__ = ['GeneratedPart', 'commit_part', 'generate_part']
@@ -93,8 +94,10 @@ def _discard_part(out: Path, state: Path, i: int, ext: str) -> None:
 
 
 def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start: int, stop: int,
-                  backend: CaptureBackend, bar: BuildProgress, stream: CaptureStream | None) -> GeneratedPart:
-    """Capture and write part ``i`` (source rows ``[start, stop)``) into its staging folder (the main thread's work)."""
+                  backend: CaptureBackend, bar: BuildProgress, stream: CaptureStream | None,
+                  workers: TokenizeWorkers | None = None) -> GeneratedPart:
+    """Capture and write part ``i`` (source rows ``[start, stop)``) into its staging folder (the main thread's
+    work; ``workers``: the build's tokenize workers, when ``stream`` does not serve the part)."""
     config = resolved.config
     staging = _staging(state, i)
     try:
@@ -103,7 +106,7 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
         _clear_staging(state, i)
         staging.parent.mkdir(parents=True, exist_ok=True)
         builder = HiddenStatesBuilder(resolved=resolved, part=(start, stop), backend=backend, on_row=bar.row,
-                                      stream=stream, cache_dir=str(state / "cache"))
+                                      stream=stream, workers=workers, cache_dir=str(state / "cache"))
         _generate(builder, staging, config)
         counts = builder.counts
         if counts.samples_in != stop - start:

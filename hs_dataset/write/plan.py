@@ -4,7 +4,9 @@
 :func:`hs_dataset.prepare.samples.tokenized_samples`: parsing, chat template, loss mask, truncation,
 rejects), reads only the model's ``config.json``, and counts per part: samples, tokens, loss-mask
 tokens, rejects. From that follow the bytes on disk (:func:`hs_dataset.codec.encode.bytes_per_token` for
-each storage dtype) and a time estimate at a stated prefill rate.
+each storage dtype) and a time estimate at a stated prefill rate. The tokenizing runs in the build's
+tokenize workers (``tokenize_workers``, :mod:`hs_dataset.prepare.workers`); ``sample=N`` tokenizes only
+N rows, in blocks spread over the source (:func:`sample_ranges`), and scales the counts up: an estimate.
 
 Measured rates (:data:`MEASURED_RATES`) are one H200's, with SGLang 0.5.17, for two model shapes
 (README "GPU tests and benchmarks"); for another depth at the same width the rate is scaled by
@@ -13,11 +15,13 @@ depth (prefill cost per token grows about linearly with the number of layers), w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import get_args
 
-from hs_dataset.write.resolve import resolve_build
+from hs_dataset.write.progress import RowProgress
+from hs_dataset.write.resolve import resolve_build, start_tokenize_workers
 from hs_dataset.write.resume import part_ranges
 from hs_dataset.capture.options import check_backend_options
 from hs_dataset.codec.encode import bytes_per_token
@@ -28,9 +32,11 @@ from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.prepare.source_spec import count_rows
 from hs_dataset.records import Reject
 
-__all__ = ["MEASURED_RATES", "BuildPlan", "MeasuredRate", "ROW_BYTES_PER_TOKEN", "estimate_rate", "plan_build"]
+__all__ = ["MEASURED_RATES", "SAMPLE_BLOCKS", "BuildPlan", "MeasuredRate", "ROW_BYTES_PER_TOKEN", "estimate_rate",
+           "plan_build", "sample_ranges"]
 
 ROW_BYTES_PER_TOKEN = 5  # input_ids (int32) + loss_mask (uint8), besides the states
+SAMPLE_BLOCKS = 16  # a sample is read in this many blocks of consecutive rows, spread over the source
 
 
 @dataclass(frozen=True)
@@ -75,10 +81,22 @@ class BuildPlan:
     part_samples: list[int] = field(default_factory=list)
     part_tokens: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sampled: int | None = None  # with a sample: the rows tokenized (the counts above are theirs)
 
     @property
     def tokens(self) -> int:
+        """Tokens of the samples tokenized (with a sample: of the sample only)."""
         return sum(self.lengths)
+
+    @property
+    def scale(self) -> float:
+        """Rows of the build per row tokenized: 1, or more for a sample."""
+        return self.rows / self.sampled if self.sampled else 1.0
+
+    @property
+    def build_tokens(self) -> int:
+        """Tokens the build would write: :attr:`tokens`, scaled up for a sample (an estimate)."""
+        return round(self.tokens * self.scale)
 
     @property
     def n_states(self) -> int:
@@ -90,17 +108,39 @@ class BuildPlan:
 
     def bytes_on_disk(self) -> dict[StorageDtype, int]:
         """``{storage_dtype: bytes}`` for every storage dtype."""
-        return {d: self.tokens * self.bytes_per_token(d) for d in get_args(StorageDtype)}
+        return {d: self.build_tokens * self.bytes_per_token(d) for d in get_args(StorageDtype)}
 
 
-def plan_build(config: HiddenStatesConfig) -> BuildPlan:
+def sample_ranges(rows: int, n: int, blocks: int = SAMPLE_BLOCKS) -> list[tuple[int, int]]:
+    """About ``n`` of ``rows`` rows as ``(start, stop)`` blocks of consecutive rows, one at the start of each
+    of ``blocks`` equal stretches of the source (all rows when ``n >= rows``)."""
+    if n >= rows:
+        return [(0, rows)]
+    k = max(1, min(blocks, n))
+    out = []
+    for b in range(k):
+        start, end = b * rows // k, (b + 1) * rows // k
+        length = n // k + (b < n % k)
+        if end > start and length:
+            out.append((start, start + min(length, end - start)))
+    return out
+
+
+def plan_build(config: HiddenStatesConfig, *, sample: int | None = None, progress: bool = False) -> BuildPlan:
     """Read and tokenize the source of ``config`` as a build would, without loading the model.
 
     With ``responses=regenerate`` the source's own replies are tokenized instead (the model writes
     the real ones); the plan says so in ``notes``.
 
+    Args:
+        config: the build's configuration.
+        sample: tokenize only about this many rows (:func:`sample_ranges`) and scale the counts up.
+        progress: show the rows tokenized (a bar on a terminal, a line per tenth in a log:
+            :class:`~hs_dataset.write.progress.RowProgress`).
+
     Raises:
         ConfigError: a bad layer, backend option, source, tokenizer... (what the build would refuse).
+        TokenizeWorkerError: a tokenize worker died.
     """
     resolved = resolve_build(config)
     info, layers = resolved.info, resolved.layers
@@ -118,15 +158,26 @@ def plan_build(config: HiddenStatesConfig) -> BuildPlan:
     if rows == 0:
         return plan
 
+    blocks = [(s, e) for _, s, e in ranges] if sample is None else sample_ranges(rows, sample)
+    n_read = sum(e - s for s, e in blocks)
+    if sample is not None and blocks != [(0, rows)]:
+        plan.sampled = n_read
+    read: list[tuple[int, int | None]] = list(blocks)
+    bar = RowProgress(n_read, progress)
+
     def reject(_index: int, r: Reject) -> None:
         plan.rejects.append(r)
+        bar.row(0)
 
-    for index, sample in tokenized_samples(cfg, resolved.tokenizer, resolved.vocab_size,
-                                           [(s, e) for _, s, e in ranges], reject):
-        p = index // config.part_size
-        plan.lengths.append(sample.num_tokens)
-        plan.masked_tokens += int(sample.loss_mask.sum())
-        plan.truncated += bool(sample.truncated)
-        plan.part_samples[p] += 1
-        plan.part_tokens[p] += sample.num_tokens
+    workers = start_tokenize_workers(dataclasses.replace(resolved, config=cfg), n_read)
+    with workers if workers is not None else contextlib.nullcontext(), contextlib.closing(bar):
+        for index, one in tokenized_samples(cfg, resolved.tokenizer, resolved.vocab_size, read, reject,
+                                            workers=workers):
+            p = index // config.part_size
+            plan.lengths.append(one.num_tokens)
+            plan.masked_tokens += int(one.loss_mask.sum())
+            plan.truncated += bool(one.truncated)
+            plan.part_samples[p] += 1
+            plan.part_tokens[p] += one.num_tokens
+            bar.row(one.num_tokens)
     return plan

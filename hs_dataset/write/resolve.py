@@ -13,11 +13,12 @@ from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.layout import StorageDtype, parse_teacher
 from hs_dataset.model_info import ModelInfo, check_layers, read_model_info
 from hs_dataset.prepare.tokenizer import load_tokenizer, tokenizer_record
+from hs_dataset.prepare.workers import TokenizeWorkers, tokenize_processes, tokenizer_identity
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["ResolvedBuild", "resolve_build"]
+__all__ = ["ResolvedBuild", "resolve_build", "start_tokenize_workers"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +88,14 @@ def resolve_build(config: HiddenStatesConfig, *, info: ModelInfo | None = None) 
     tokenizer = load_tokenizer(path, trust_remote_code=config.trust_remote_code)
     return ResolvedBuild(config, info, layers, tokenizer,
                          tokenizer_record(tokenizer, path, trust_remote_code=config.trust_remote_code))
+
+
+def start_tokenize_workers(resolved: ResolvedBuild, rows: int) -> TokenizeWorkers | None:
+    """The tokenize workers for ``rows`` source rows of this build (``tokenize_workers``, see
+    :func:`~hs_dataset.prepare.workers.tokenize_processes`), started; None: tokenize in this process (also
+    with ``responses=regenerate``, whose replies are written by the backend). The caller closes them."""
+    n = tokenize_processes(resolved.config.tokenize_workers, rows)
+    if n == 0 or resolved.config.responses != "source":
+        return None
+    return TokenizeWorkers(n, resolved.tokenizer_record["path"], trust_remote_code=resolved.config.trust_remote_code,
+                           identity=tokenizer_identity(resolved.tokenizer))

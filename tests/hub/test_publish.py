@@ -321,7 +321,7 @@ def test_clear_errors_for_unfinished_builds_and_bad_versions(tmp_path):
     (build / "hs_dataset.json").unlink()
     with pytest.raises(NotABuildError, match="hs_dataset.json"):
         push_dataset(build, REPO, "v1.0")
-    with pytest.raises(NotABuildError, match="not a directory"):
+    with pytest.raises(NotABuildError, match="no such build directory"):
         push_dataset(tmp_path / "nope", REPO, "v1.0")
     build2 = write_built_dataset(tmp_path / "b2", make_rows(3))
     (build2 / "README.md").unlink()

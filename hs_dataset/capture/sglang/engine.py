@@ -32,7 +32,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hs_dataset.capture.processes import describe_exit
+from hs_dataset.processes import describe_exit
 from hs_dataset.capture.sglang.versions import engine_processes, sigquit_option, watched_children
 from hs_dataset.capture.transport import ENV, SCHEDULER_ERROR
 from hs_dataset.errors import BackendError

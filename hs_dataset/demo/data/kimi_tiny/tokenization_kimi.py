@@ -80,6 +80,9 @@ class TikTokenTokenizer(PreTrainedTokenizer):
         self._id_of = {s: rank for rank, s in self._token_of.items()}
         super().__init__(bos_token=bos_token, eos_token=eos_token, unk_token=unk_token, pad_token=pad_token,
                          added_tokens_decoder=added, **kwargs)
+        # A plain attribute, as Kimi's own unk_id: the base class's unk_token_id is a property looked up
+        # through __getattr__, which per token would cost more than the tokenization itself.
+        self.unk_id = self.added_tokens_encoder.get(str(unk_token))
 
     @property
     def vocab_size(self) -> int:
@@ -93,7 +96,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
         return [self._token_of[i] for i in self.model.encode_ordinary(text)]
 
     def _convert_token_to_id(self, token: str) -> int:
-        return self._id_of.get(token, self.unk_token_id)
+        return self._id_of.get(token, self.unk_id)
 
     def _convert_id_to_token(self, index: int) -> str:
         return self._token_of.get(index, self.unk_token)

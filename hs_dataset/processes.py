@@ -1,4 +1,5 @@
-"""Processes of a capture backend: how one ended, in words, and dying with the parent that started it."""
+"""Child processes (a capture backend's, the tokenize workers): how one ended, in words, and dying with the
+parent that started it."""
 
 from __future__ import annotations
 

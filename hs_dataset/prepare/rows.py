@@ -1,0 +1,50 @@
+"""One source row through the prepare stage (``responses="source"``): parsed, tokenized, masked, or its
+reject. The serial path (:func:`hs_dataset.prepare.samples.tokenized_samples`) and the tokenize workers
+(:mod:`hs_dataset.prepare.workers`) run this same function, so their samples and rejects are the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.errors import SampleError
+from hs_dataset.layout import MaskMode, TruncationMode
+from hs_dataset.prepare.conversations import parse_row
+from hs_dataset.prepare.loss_mask import tokenize_sample
+from hs_dataset.records import Reject, SourceRow, TokenizedSample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["TokenizeRules", "prepare_row"]
+
+
+@dataclass(frozen=True)
+class TokenizeRules:
+    """How a conversation becomes tokens (the configuration's ``max_length``, ``mask``, ``truncation``) and the
+    vocabulary its ids must fit (``vocab_size``: the smaller of the tokenizer's and the model's)."""
+
+    max_length: int
+    mask: MaskMode
+    truncation: TruncationMode
+    vocab_size: int
+
+    @classmethod
+    def of(cls, config: HiddenStatesConfig, vocab_size: int) -> "TokenizeRules":
+        return cls(config.max_length, config.mask, config.truncation, int(vocab_size))
+
+
+def prepare_row(row: SourceRow, tokenizer: PreTrainedTokenizerBase, rules: TokenizeRules) -> TokenizedSample | Reject:
+    """One source row parsed, tokenized and masked (``responses="source"``), or its reject (stage ``source``
+    or ``tokenize``)."""
+    try:
+        parsed = parse_row(row)
+    except SampleError as e:
+        return Reject(row.sample_id, e.field, e.reason, "source")
+    try:
+        return tokenize_sample(parsed, tokenizer, max_length=rules.max_length, mask=rules.mask,
+                               truncation=rules.truncation, vocab_size=rules.vocab_size)
+    except SampleError as e:
+        return Reject(row.sample_id, e.field, e.reason, "tokenize")
