@@ -24,7 +24,7 @@ from hs_dataset.read.iterate import iter_torch
 from hs_dataset.read.open import open_dataset
 from hs_dataset.read.safe_views import MIN_MAP_BYTES
 from hs_dataset.read.torch_format import TORCH_FORMAT
-from tests.read.test_storage_bench import _small_build
+from tests.fixtures.builds import random_build
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def large(tmp_path_factory) -> dict[str, Path]:
     mappings, not copies; parts of 2 rows, so 3 shard files."""
     d = tmp_path_factory.mktemp("large")
     assert 1100 * 1024 >= MIN_MAP_BYTES
-    return {dtype: _small_build(d, samples=5, tokens=1100, hidden=1024, name=dtype, part_size=2, storage_dtype=dtype)
+    return {dtype: random_build(d, samples=5, tokens=1100, hidden=1024, name=dtype, part_size=2, storage_dtype=dtype)
             for dtype in ("bfloat16", "fp8_e4m3")}
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.fixtures.builds import random_build
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -34,28 +36,6 @@ def test_storage_benchmark_quick(tmp_path):
 
 # --- the read-path pieces the benchmark measures -------------------------------------------------
 
-def _small_build(tmp_path: Path, samples: int = 6, tokens: int = 32, hidden: int = 64, name: str = "ds",
-                 **overrides) -> Path:
-    """A build of random states (benchmarks/storage.py's backend) in ``tmp_path/name``; ``overrides``: config fields."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import storage
-    finally:
-        sys.path.pop(0)
-    from hs_dataset.write.driver import build
-    from hs_dataset.config import HiddenStatesConfig
-
-    shape = storage.Shape(hidden, 3, tokens, samples)
-    model = storage.make_model_dir(tmp_path / "model", hidden)
-    source = storage.make_source(tmp_path / "src.jsonl", samples, tokens)
-    layers = shape.layers()
-    out = tmp_path / name
-    build(HiddenStatesConfig(model=str(model), layers=layers, source=str(source), max_length=tokens,
-                             **{"part_size": 4, **overrides}),
-          out, backend=storage.PrecomputedBackend(model, layers, storage.make_states(shape)), progress=False)
-    return out
-
-
 def test_open_dataset_maps_the_shards_in_place(tmp_path, monkeypatch):
     import torch
 
@@ -63,7 +43,7 @@ def test_open_dataset_maps_the_shards_in_place(tmp_path, monkeypatch):
     from hs_dataset.read.open import open_dataset
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
-    out = _small_build(tmp_path)
+    out = random_build(tmp_path)
     ds = open_dataset(out)
     assert len(ds) == 6
     assert sorted(Path(c["filename"]).resolve() for c in ds.cache_files) == \
