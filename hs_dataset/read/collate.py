@@ -33,6 +33,9 @@ from hs_dataset.read.worker_batches import SharedBatch, WorkerBuffers
 __all__ = ["DrafterCollator", "empty_batch_tensor"]
 
 _MADV_HUGEPAGE = 14
+# buffers kept per state in the training process: the batch a training loop still holds while it asks for the
+# next one (``for batch in loader`` rebinds ``batch`` only after), and one to write that next one into
+_POOL_DEPTH = 2
 _HUGE_MIN_BYTES = 8 << 20
 
 
@@ -101,10 +104,12 @@ class DrafterCollator:
     Args:
         max_length: cut each sample to its first ``max_length`` tokens.
         pad_token_id: ``input_ids`` of padding positions (padded layout).
-        reuse_buffers: the two state buffers of a batch are reused for a later batch of the same
-            shape once nothing references them any more (the batch and every view of it are gone,
-            and they were not handed to another process): at Kimi shapes a batch is 100s of MB, and
-            fresh memory costs a page fault per 4 KiB (measured: streaming reads 1.8x faster with reuse).
+        reuse_buffers: the two state buffers of a batch are reused for a later batch that fits in them once
+            nothing references them any more (the batch and every view of it are gone, and they were not
+            handed to another process); two of each are kept, as large as the largest batch yet, so that a
+            training loop holding the last batch while it asks for the next still reuses them: at Kimi
+            shapes a batch is 100s of MB, and fresh memory costs a page fault per 4 KiB (on this VM about
+            as much as reading the bytes from disk).
         packed: the packed layout instead of the padded one.
         worker_buffers: in a DataLoader worker, the shared-memory batch buffers it keeps and reuses once the
             training process has dropped every tensor of the batch in one (0: fresh memory per batch; measured:
@@ -122,7 +127,7 @@ class DrafterCollator:
         self.reuse_buffers = reuse_buffers
         self.packed = packed
         self.worker_buffers = worker_buffers
-        self._pool: dict[str, torch.Tensor] = {}
+        self._pool: dict[str, list[torch.Tensor]] = {}
         self._shared: WorkerBuffers | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # a DataLoader worker gets the settings, not the buffers
@@ -141,19 +146,23 @@ class DrafterCollator:
         return final, aux, index
 
     def _buffer(self, key: str, shape: tuple[int, ...]) -> torch.Tensor:
-        # a worker's batches go to the main process through shared memory and are never free again here:
-        # keeping one in the pool would only hold an extra batch of /dev/shm per worker
-        reuse = self.reuse_buffers and not _in_worker()
-        if reuse:
-            t = self._pool.pop(key, None)
-            if t is not None and tuple(t.shape) == shape and _unreferenced(t, python_refs=1):
-                self._pool[key] = t
-                return t
-            del t
-        t = empty_batch_tensor(shape, torch.bfloat16)
-        if reuse:
-            self._pool[key] = t
-        return t
+        """A ``shape`` view of a pooled buffer nothing references any more, or of a fresh one (kept when there is room)."""
+        n = math.prod(shape)
+        if not self.reuse_buffers:
+            return empty_batch_tensor(shape, torch.bfloat16)
+        pool = self._pool.setdefault(key, [])
+        pool[:] = [t for t in pool if not t.untyped_storage().is_shared()]  # handed to another process: never free here
+        for i in range(len(pool)):
+            if pool[i].numel() >= n and _unreferenced(pool[i], python_refs=1):
+                return pool[i][:n].view(shape)
+        flat = empty_batch_tensor((max([n] + [t.numel() for t in pool]),), torch.bfloat16)  # as large as the largest yet
+        if len(pool) < _POOL_DEPTH:
+            pool.append(flat)
+        else:
+            small = [i for i in range(len(pool)) if _unreferenced(pool[i], python_refs=1)]
+            if small:  # a free buffer too small for this batch: replaced by a larger one
+                pool[small[0]] = flat
+        return flat[:n].view(shape)
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not samples:

@@ -17,6 +17,7 @@ import torch
 
 from hs_dataset.read.decode import decode_row
 from hs_dataset.read.safe_views import SafeViews
+from hs_dataset.read.shard_checks import ensure_intact
 
 __all__ = ['READ_AHEAD_BYTES', 'iter_torch']
 
@@ -44,10 +45,35 @@ def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
     """
     cols = list(columns) if columns is not None else None
     tables = ds.with_format("arrow").iter(batch_size=batch_size)
-    rows = _decoded_rows(tables, cols, populate=prefetch > 0, per_table=not isinstance(ds, datasets.Dataset))
+    mapped = isinstance(ds, datasets.Dataset)
+    rows = _decoded_rows(tables, cols, populate=prefetch > 0, per_table=not mapped)
     if prefetch > 0:
         rows = _read_ahead(rows, prefetch * READ_AHEAD_BYTES, cost=_state_bytes)
-    yield from rows
+    stop = _verify_ahead([c["filename"] for c in ds.cache_files]) if mapped and prefetch > 0 else None
+    try:
+        yield from rows
+    finally:
+        if stop is not None:
+            stop.set()
+
+
+def _verify_ahead(files: list[str]) -> threading.Event:
+    """Check the shards' content hashes in order on a thread (:func:`~hs_dataset.read.shard_checks.ensure_intact`),
+    ahead of the rows: the next shard is hashed from disk while the current one's rows are read from the page
+    cache the hash brought them into. A shard already verified costs a ``stat``. Set the event to stop."""
+    stop = threading.Event()
+
+    def run() -> None:
+        for f in files:
+            if stop.is_set():
+                return
+            try:
+                ensure_intact(f)
+            except Exception:  # the reader checks this shard again before its first row, and raises there
+                return
+
+    threading.Thread(target=run, name="hs_dataset-verify-ahead", daemon=True).start()
+    return stop
 
 
 def _decoded_rows(tables: Iterable[pa.Table], columns: list[str] | None, *, populate: bool,

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,8 +23,10 @@ from hs_dataset.hub.download import STALE_PARTIAL_S, default_version_dir
 from hs_dataset.hub.publish import push_dataset
 from hs_dataset.read import TORCH_FORMAT, iter_torch, open_dataset
 from hs_dataset.read.shard_checks import CHECK_ENV
+from tests.fakehub.tools import client_subprocess_env
 from tests.fixtures.builds import random_build
 
+ROOT = Path(__file__).resolve().parents[2]
 REPO = "org/kimi-eagle3-hs"
 TOKEN = "hf_DownloadTestToken0123456789ABCDEFGH"
 PUBLISHED = ("hs_dataset.json", "README.md", "rejects.jsonl")
@@ -207,3 +212,20 @@ def test_bad_names_are_one_line_each(hub, build, tmp_path, monkeypatch):
         open_dataset(REPO, revision="v9.9")
     with pytest.raises(ConfigError, match="revision='v1.0' is for a Hub repo"):
         open_dataset(build, revision="v1.0")
+
+
+def test_the_cards_snippets_run_as_they_stand_against_the_version(hub, build, tmp_path):
+    """The card's load and decode snippets (the fast path: open_dataset + iter_torch; the states as zero-copy
+    views of the Arrow buffers, not Python lists), run in a fresh process against the published version."""
+    push_dataset(build, REPO, "v1.0")
+    card = hub.read_file("dataset", REPO, "README.md", "v1.0").decode()
+    load, decode = re.findall(r"```python\n(.*?)```", card, re.S)
+    assert "tolist" not in decode and "np.asarray(ds[" not in decode and "iter_torch" in load
+    column = re.search(r'table\["(hidden_[a-z_0-9]+)"\]', decode).group(1)
+    script = tmp_path / "card.py"
+    script.write_text(load + decode + f"assert torch.equal(hidden, row[{column!r}]) and hidden.dtype == torch.bfloat16\n"
+                      "print('decoded', tuple(hidden.shape))\n")
+    env = {**client_subprocess_env(hub, tmp_path / "sub", token=TOKEN), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "decoded (512, 1024)" in r.stdout

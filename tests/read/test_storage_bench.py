@@ -124,3 +124,29 @@ def test_collator_reuses_a_batch_buffer_only_when_nothing_holds_it():
     assert c([sample(2048, 9.0), sample(2048, 9.0)])["aux_hidden_states"].data_ptr() != ptr
     off = DrafterCollator(reuse_buffers=False)
     assert off([sample(16, 1.0)])["hidden_states"].shape == (1, 16, H) and not off._pool
+
+
+def test_collator_reuses_two_buffers_in_a_training_loop_whatever_the_batch_length():
+    """``for batch in loader`` still holds the last batch while the next one is made: the collator keeps two
+    buffers per state, as large as the largest batch yet, and a shorter batch is a view of one of them."""
+    import torch
+
+    from hs_dataset.read.collate import DrafterCollator
+
+    H = 1024
+
+    def sample(T, v):
+        return {"input_ids": torch.arange(T, dtype=torch.int32), "loss_mask": torch.ones(T, dtype=torch.uint8),
+                "hidden_layer_1": torch.full((T, H), v, dtype=torch.bfloat16),
+                "hidden_final": torch.full((T, H), v + 1, dtype=torch.bfloat16)}
+
+    c, ptrs, batch = DrafterCollator(), set(), None
+    for k, T in enumerate((2048, 1500, 2048, 700, 2048, 300, 2048)):
+        previous = batch
+        batch = c([sample(T, float(k)), sample(T // 2, float(k))])
+        ptrs.add(batch["aux_hidden_states"].data_ptr())
+        assert batch["aux_hidden_states"].shape == (2, T, H) and float(batch["aux_hidden_states"][1, T // 2 - 1, 0]) == k
+        assert not batch["aux_hidden_states"][1, T // 2:].any()  # the padding written as zeros, whatever was there
+        if previous is not None:  # the batch still held was not written over
+            assert float(previous["hidden_states"][0, 0, 0]) == k
+    assert len(ptrs) == 2
