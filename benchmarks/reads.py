@@ -6,16 +6,17 @@
     python benchmarks/reads.py --quick         # tiny shapes, seconds (the smoke test)
 
 READ: every reader turns the build into the same ``DrafterCollator`` training batches (bf16, ``[B, T, ...]``),
-and every figure is a ratio to a plain ``readinto`` of the same shard files into a preallocated tensor, run
-in the same repetition: one copy from the page cache into memory that is already there, the least any
-reader can do. The page cache of the files is dropped before every run (``posix_fadvise(DONTNEED)`` after
-``fsync``, or ``--drop sys``: ``echo 1 > /proc/sys/vm/drop_caches``, root); the share of the files still
-resident is measured (``mincore``) and printed. Runs of one repetition are interleaved, their order
-alternating; each figure is the best run (the least disturbed on a shared VM), the median in brackets.
-Steady state: each reader's batch buffers exist before its timed runs (one collator per reader, the
-DataLoaders' workers persistent), as the baseline's buffer does; shards already verified (their content
-hash checked once this boot, as on every later epoch); the first read with the hash check is measured on
-its own.
+and every figure is a ratio to a plain ``readinto`` of the same shard files into a preallocated tensor: one
+copy from the page cache into memory that is already there, the least any reader can do. Each reader's run
+is paired with a baseline run next to it (the order alternating between repetitions), and the ratio is the
+median of the pairs' time ratios: the disk of a shared VM drifts by 2-5x within minutes, a pair sees the
+same disk. ``--cache cold`` (default): the files' page cache is dropped before every run
+(``posix_fadvise(DONTNEED)`` after ``fsync``, or ``--drop sys``: ``echo 1 > /proc/sys/vm/drop_caches``,
+root), and the share still resident is measured (``mincore``) and printed; ``--cache hot``: the files are
+read into the page cache before every run (what the readers cost in CPU). Steady state: each reader's
+batch buffers exist before its timed runs (one collator per reader, the DataLoaders' workers persistent),
+as the baseline's buffer does, and the shards are verified (their content hash checked once this boot, as
+on every later epoch); the first read, with the hash checks, is a reader of its own.
 
 DISK: what each way of opening a build for training leaves on disk, for a local build and for a version
 published to the local test Hub (``tests/fakehub``, the real ``huggingface_hub`` client over HTTP), as a
@@ -33,6 +34,7 @@ import mmap
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -369,7 +371,8 @@ def run(a: argparse.Namespace, work: Path) -> int:
     say(f"data:   {shape.samples} samples x {shape.sample_bytes / 1e6:.1f} MB (H={shape.hidden}, {shape.n_states} states, "
         f"{shape.tokens} tokens) = {shape.payload / 1e9:.2f} GB of states in {len(r.files)} shards "
         f"({data / 1e9:.2f} GB); batches of {a.batch}; "
-        f"{'page cache dropped by ' + a.drop if a.cache == 'cold' else 'files in the page cache (hot)'}; best of {a.reps}")
+        f"{'page cache dropped by ' + a.drop if a.cache == 'cold' else 'files in the page cache (hot)'}; "
+        f"{a.reps} paired repetitions")
     drop = dropper(a.drop)
     results: dict[str, Any] = {"shape": vars(shape), "disk": disk, "load_average": load, "args": vars(a)}
 
@@ -397,6 +400,7 @@ def run(a: argparse.Namespace, work: Path) -> int:
         readers["hf_torch"] = (f"load_dataset(dir).with_format('torch'), {min(a.torch_format_samples, a.samples)} rows",
                                r.hf_torch)
         readers["specforge"] = ("SpecForge's files: torch.load(mmap=True) + its padding collator", r.specforge)
+
     def first_read() -> int:
         """open_dataset + iter_torch with no shard verified yet: each shard's content hash is checked before its rows."""
         from hs_dataset.read import shard_checks
@@ -410,35 +414,51 @@ def run(a: argparse.Namespace, work: Path) -> int:
         keep = {"raw", *a.only.split(",")}
         readers = {k: v for k, v in readers.items() if k in keep}
     runs = {k: Runs() for k in readers}
+    paired: dict[str, list[float]] = {k: [] for k in readers if k != "raw"}
     left: dict[str, float] = {}
+    cache_files = sorted((work / "hf-cache").rglob("*.arrow")) + r.specforge_files
+    everything = r.files + cache_files
+
+    def one(key: str) -> float:
+        if a.cache == "hot":
+            plain_read(everything, r.buffer)
+        else:
+            drop(everything)
+        share = resident(everything)
+        left[key] = max(left.get(key, 0.0), share) if a.cache == "cold" else share
+        n, dt = timed(readers[key][1])
+        runs[key].add(n, dt)
+        return n / dt
 
     for key in readers:  # warm-up, untimed: buffers allocated, workers started, every verdict kept
         readers[key][1]()
-    cache_files = sorted((work / "hf-cache").rglob("*.arrow")) + r.specforge_files
-    everything = r.files + cache_files
-    for rep in range(a.reps):
-        for key in (list(readers) if rep % 2 == 0 else list(readers)[::-1]):
-            if a.cache == "hot":
-                plain_read(everything, r.buffer)
+    for rep in range(a.reps):  # each reader next to a baseline run (order alternating): the disk drifts between
+        for key in (list(paired) if rep % 2 == 0 else list(paired)[::-1]):
+            if rep % 2 == 0:
+                raw = one("raw")
+                speed = one(key)
             else:
-                drop(everything)
-            left[key] = max(left.get(key, 0.0), resident(everything)) if a.cache == "cold" else resident(everything)
-            runs[key].add(*timed(readers[key][1]))
+                speed = one(key)
+                raw = one("raw")
+            paired[key].append(speed / raw)
     r.close()
 
     base = runs["raw"]
     say()
-    say(f"READ into DrafterCollator batches, {a.cache} page cache  (MB/s of states: best [median]; ratio: best / "
-        f"best plain readinto; resident: the {'largest' if a.cache == 'cold' else 'last'} share of the files in the "
-        "page cache when a run started)")
-    for key, (name, _) in readers.items():
-        ratio = runs[key].ratio_to(base)
+    say(f"READ into DrafterCollator batches, {a.cache} page cache  (MB/s of states: best [median]; ratio: the median "
+        f"of {a.reps} paired runs, each reader's speed vs a plain readinto run next to it [the lowest, the highest]; "
+        f"resident: the {'largest' if a.cache == 'cold' else 'last'} share of the files in the page cache when a run "
+        "started)")
+    say(f"  {readers['raw'][0]:66s} {base.best / 1e6:6.0f} [{base.median / 1e6:5.0f}]  1.00x")
+    for key in paired:
+        ratio, lo, hi = statistics.median(paired[key]), min(paired[key]), max(paired[key])
         target = TARGETS.get(key)
         mark = f"   target >= {target:.2f}x: {'PASS' if ratio >= target else 'FAIL'}" if target else ""
-        say(f"  {name:66s} {runs[key].best / 1e6:6.0f} [{runs[key].median / 1e6:5.0f}] {ratio:5.2f}x  "
-            f"resident {left[key]:.1%}{mark}")
+        say(f"  {readers[key][0]:66s} {runs[key].best / 1e6:6.0f} [{runs[key].median / 1e6:5.0f}] {ratio:5.2f}x "
+            f"[{lo:.2f}, {hi:.2f}]  resident {left[key]:.1%}{mark}")
     results["runs"] = {k: v.values for k, v in runs.items()}
-    results["ratios"] = {readers[k][0]: runs[k].ratio_to(base) for k in readers}
+    results["paired_ratios"] = {readers[k][0]: v for k, v in paired.items()}
+    results["ratios"] = {readers[k][0]: statistics.median(v) for k, v in paired.items()}
     results["resident"] = left
 
     if not a.no_disk:
