@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Storage and read-path benchmark (issue 6): does a hidden-states dataset move at disk speed?
+"""Storage benchmark (issue 6): is a hidden-states dataset written at disk speed, and how large is it?
 
     python benchmarks/storage.py              # Kimi shapes (H=7168, 3 aux layers + final, 2048 tokens), ~3 GB
     python benchmarks/storage.py --quick      # tiny shapes, seconds (the smoke test)
@@ -10,16 +10,8 @@ Every figure is a ratio against a raw baseline measured in the same run on the s
 * WRITE: ``hs_dataset.write.driver.build`` (HiddenStatesBuilder -> ``datasets``' ArrowWriter / ParquetWriter,
   the real path) fed by an in-file capture backend that yields precomputed random bf16 states,
   against ``numpy.tofile`` of the same bytes. Both include ``fsync`` of the files.
-* READ into torch bf16 training batches: ``open_dataset`` / ``load_dataset(streaming=True)`` +
-  ``iter_torch`` + ``DrafterCollator``, and the same datasets in ``TORCH_FORMAT`` through a
-  ``torch.utils.data.DataLoader`` with ``--workers`` worker processes, against ``numpy.fromfile`` of
-  the same bytes into the same ``DrafterCollator`` batches (the target is a ratio to that); side by
-  side ``load_dataset(dir).with_format("torch")`` (what users did before) and ``torch.load`` of
-  per-sample files in SpecForge's layout, collated as SpecForge's ``DataCollatorWithPadding`` does;
-  and the streaming read again in a child process started with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
-  (the buffers ``datasets`` reads each record batch into then get transparent huge pages).
-  The page cache is dropped before every read run: each file is fsync'ed and its pages released
-  with ``posix_fadvise(POSIX_FADV_DONTNEED)`` (the benchmark prints how much ``Cached`` fell).
+* READ: ``benchmarks/reads.py`` (every training read path against a plain ``readinto``; the disk each
+  way of opening a build takes).
 * SIZE on disk per token against the raw bf16 payload, for bf16 Arrow, Parquet and fp8 Arrow.
 * FP8 ERROR of ``storage_dtype=fp8_e4m3`` (read back from the built dataset), relative to each token's amax.
 * PARQUET settings probed directly with pyarrow (compression, dictionary, encodings).
@@ -47,14 +39,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 TARGET_WRITE = 0.80
-TARGET_READ = 0.90  # of a raw read into the same batches
 TARGET_BYTES = 1.00
 TARGET_BYTES_TOL = 0.005  # Arrow's list offsets + ids/masks: 1.0004x at Kimi shapes
 TARGET_FP8 = 0.52
@@ -186,14 +177,6 @@ class PrecomputedBackend:
 # ---------------------------------------------------------------------------------------------
 
 
-def cached_mib() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Cached:"):
-                return int(line.split()[1]) // 1024
-    return -1
-
-
 def drop_cache(paths: Iterable[Path]) -> None:
     """fsync each file, then release its page-cache pages (the next read comes from the disk)."""
     for p in paths:
@@ -203,10 +186,6 @@ def drop_cache(paths: Iterable[Path]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-
-
-def files_under(d: Path, pattern: str = "*") -> list[Path]:
-    return sorted(p for p in d.rglob(pattern) if p.is_file())
 
 
 def data_files(out: Path) -> list[Path]:
@@ -288,167 +267,25 @@ class Bench:
         t1 = time.perf_counter()
         return t1 - (backend.first_request or t0), t1 - t0, summary
 
-    # -- read -------------------------------------------------------------------------------------
-
-    def raw_read(self, path: Path) -> int:
-        import numpy as np
-        import torch
-
-        n = self.shape.sample_bytes // 2
-        total = 0
-        with open(path, "rb") as f:
-            for _ in range(self.shape.samples):
-                a = np.fromfile(f, dtype=np.uint16, count=n)
-                t = torch.from_numpy(a).view(torch.bfloat16).view(self.shape.n_states, self.shape.tokens, -1)
-                total += t.numel() * 2
-        return total
-
-    def raw_read_collate(self, path: Path) -> int:
-        """numpy.fromfile + the same DrafterCollator batches: the floor of any batch-producing reader."""
-        import numpy as np
-        import torch
-
-        n = self.shape.sample_bytes // 2
-        T, S = self.shape.tokens, self.shape.n_states
-        cols = [f"hidden_layer_{k}" for k in self.layers] + ["hidden_final"]
-        ids = torch.zeros(T, dtype=torch.int32)
-        mask = torch.ones(T, dtype=torch.uint8)
-
-        def rows():
-            with open(path, "rb") as f:
-                for _ in range(self.shape.samples):
-                    t = torch.from_numpy(np.fromfile(f, dtype=np.uint16, count=n)).view(torch.bfloat16).view(S, T, -1)
-                    yield {"input_ids": ids, "loss_mask": mask, **{c: t[j] for j, c in enumerate(cols)}}
-
-        return self.collate_hs(rows())
-
-    def collate_hs(self, rows: Iterable[dict]) -> int:
-        return collate_rows(rows, self.a.batch)
-
-    def read_open_dataset(self, out: Path) -> int:
-        from hs_dataset.read.iterate import iter_torch
-        from hs_dataset.read.open import open_dataset
-
-        return self.collate_hs(iter_torch(open_dataset(out), batch_size=self.a.batch))
-
-    def read_streaming(self, out: Path) -> int:
-        return read_streaming(out, self.a.batch)
-
-    def read_streaming_thp(self, out: Path) -> tuple[int, float]:
-        """read_streaming in a child process whose glibc malloc backs large allocations with transparent huge
-        pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1, glibc >= 2.35): the buffers datasets' streaming reader
-        reads each record batch into then take no 4 KiB page faults. Timed in the child, without its start."""
-        env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child-read", "--dir", str(out),
-                            "--batch", str(self.a.batch)], capture_output=True, text=True, env=env)
-        if p.returncode:
-            raise RuntimeError(f"streaming read child failed:\n{p.stderr[-3000:]}")
-        r = json.loads(p.stdout.strip().splitlines()[-1])
-        return r["bytes"], r["seconds"]
-
-    def read_loader(self, ds, workers: int) -> int:
-        """``ds`` in TORCH_FORMAT through a DataLoader with ``workers`` processes, batched by DrafterCollator."""
-        from torch.utils.data import DataLoader
-
-        from hs_dataset.read.collate import DrafterCollator
-        from hs_dataset.read.torch_format import TORCH_FORMAT
-
-        loader = DataLoader(ds.with_format(TORCH_FORMAT), batch_size=self.a.batch, num_workers=workers,
-                            collate_fn=DrafterCollator())
-        return sum(consume(batch) for batch in loader)
-
-    def read_hf_torch(self, ds, limit: int) -> int:
-        """``with_format("torch")`` rows -> bf16 (they arrive as int64 copies) -> DrafterCollator."""
-        import torch
-
-        def rows():
-            for k, r in enumerate(ds.with_format("torch")):
-                if k >= limit:
-                    return
-                out = {"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]}
-                for c, v in r.items():
-                    if c.startswith("hidden_"):
-                        out[c] = v.to(torch.int16).view(torch.bfloat16)
-                yield out
-
-        return self.collate_hs(rows())
-
-    def read_specforge(self, sf_dir: Path, files: list[Path]) -> int:
-        """SpecForge's offline path: OfflineEagle3Dataset (torch.load mmap=True, squeeze, [None]) +
-        DataCollatorWithPadding (pad each sample with torch.cat, then torch.cat the batch)."""
-        import torch
-
-        def pad3(t, n):
-            return torch.cat((t, torch.zeros(t.shape[0], n - t.shape[1], t.shape[2], dtype=t.dtype)), dim=1)
-
-        total, buf = 0, []
-
-        def flush():
-            n = max(x["hidden_state"].shape[1] for x in buf)
-            hidden = torch.cat([pad3(x["hidden_state"], n) for x in buf])
-            target = torch.cat([pad3(x["target"], n) for x in buf])
-            return (hidden.numel() + target.numel()) * 2
-
-        for p in files:
-            d = torch.load(p, mmap=True, weights_only=True)
-            buf.append({"hidden_state": d["aux_hidden_state"].squeeze(0)[None],
-                        "target": d["hidden_state"].squeeze(0)[None],
-                        "input_ids": d["input_ids"][None], "loss_mask": d["loss_mask"][None]})
-            if len(buf) == self.a.batch:
-                total += flush()
-                buf = []
-        if buf:
-            total += flush()
-        return total
-
-
 def consume(batch: dict) -> int:
     """Payload bytes in a DrafterCollator batch (no padding here: every sample has the same length)."""
     return int(batch["attention_mask"].sum()) * (batch["hidden_states"].shape[-1]
                                                  + batch["aux_hidden_states"].shape[-1]) * 2
 
 
-def collate_rows(rows: Iterable[dict], batch: int) -> int:
-    """Batch ``rows`` with DrafterCollator, ``batch`` at a time; the payload bytes batched."""
-    from hs_dataset.read.collate import DrafterCollator
+def plain_read(files: Iterable[Path], buffer: Any) -> int:
+    """A plain ``readinto`` of ``files``, one after the other, into ``buffer`` (a preallocated tensor), one
+    buffer's worth per call: one copy from the page cache into memory that is already there, the least any
+    reader can do. -> the bytes read."""
+    import torch
 
-    coll = DrafterCollator()
-    total, buf = 0, []
-    for r in rows:
-        buf.append(r)
-        if len(buf) == batch:
-            total += consume(coll(buf))
-            buf = []
-    if buf:
-        total += consume(coll(buf))
+    view = memoryview(buffer.view(torch.uint8).numpy())
+    total = 0
+    for p in files:
+        with open(p, "rb", buffering=0) as f:
+            while n := f.readinto(view):
+                total += n
     return total
-
-
-def read_streaming(out: Path, batch: int) -> int:
-    """``load_dataset(out, streaming=True)`` + iter_torch + DrafterCollator."""
-    import datasets
-
-    from hs_dataset.read.iterate import iter_torch
-
-    ds = datasets.load_dataset(str(out), split="train", streaming=True)
-    return collate_rows(iter_torch(ds, batch_size=batch), batch)
-
-
-def timed(fn: Callable[[], int]) -> tuple[int, float]:
-    t = time.perf_counter()
-    n = fn()
-    return n, time.perf_counter() - t
-
-
-def child_read(args: argparse.Namespace) -> None:
-    """Internal: time ``load_dataset(--dir, streaming=True)`` + iter_torch + DrafterCollator; print it as JSON."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.load_dataset(args.dir, split="train", streaming=True)  # first-call setup, as the parent had it
-    t = time.perf_counter()
-    n = read_streaming(Path(args.dir), args.batch)
-    print(json.dumps({"bytes": n, "seconds": time.perf_counter() - t}))
 
 
 def fp8_error(bench: Bench, fp8_out: Path) -> dict[str, dict[str, float]]:
@@ -553,11 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=None, help="default: as many as --gb of bf16 payload")
     ap.add_argument("--gb", type=float, default=3.0, help="payload size when --samples is not given")
     ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions of each fast measurement")
-    ap.add_argument("--batch", type=int, default=2, help="samples per training batch (DrafterCollator)")
-    ap.add_argument("--workers", type=int, default=2, help="DataLoader worker processes of the worker read runs")
-    ap.add_argument("--shard-mb", type=int, default=512, help="largest shard file (MiB): shards for the workers")
-    ap.add_argument("--torch-format-samples", type=int, default=8,
-                    help="samples read through with_format('torch') (it is slow)")
+    ap.add_argument("--shard-mb", type=int, default=512, help="largest shard file (MiB)")
     ap.add_argument("--memory-samples", type=int, default=3, help="N of the N vs 10N peak-RSS builds")
     ap.add_argument("--memory-tokens", type=int, default=None, help="tokens per sample of the memory builds")
     ap.add_argument("--part-size", type=int, default=256)
@@ -569,16 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--child-build", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--child-read", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.quick:
         a.hidden, a.tokens, a.samples = 256, 128, a.samples or 8
-        a.reps, a.memory_samples, a.torch_format_samples, a.part_size = 1, 4, 4, 8
+        a.reps, a.memory_samples, a.part_size = 1, 4, 8
     if a.child_build:
         child_build(a)
-        return 0
-    if a.child_read:
-        child_read(a)
         return 0
 
     work = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="hs-storage-bench-"))
@@ -711,78 +540,15 @@ def _run(a: argparse.Namespace, work: Path) -> int:
         f"model info, part records, card - adds {statistics.median(setup):.2f}s per build)")
     say()
 
-    # --- read ---------------------------------------------------------------------------------------
+    # the reference for the Parquet read figures: a plain readinto of the Arrow shards, cold (the read paths
+    # themselves: benchmarks/reads.py)
     arrow_files = data_files(arrow)
-    b.raw_read(raw_path)  # check that dropping works: warm the raw file, then drop it
-    before = cached_mib()
-    drop_cache(arrow_files + [raw_path])
-    freed = before - cached_mib()
-    say(f"READ into torch bf16 training batches of {a.batch} (DrafterCollator); dropping the page cache "
-        f"of the just-read raw file freed {freed} MiB of Cached ({raw_path.stat().st_size / 2**20:.0f} MiB file)")
-    from hs_dataset.read.open import open_dataset
-
-    def streaming():
-        return datasets.load_dataset(str(arrow), split="train", streaming=True)
-
-    readers = [("r.raw", [raw_path], lambda: b.raw_read(raw_path)),
-               ("r.map", arrow_files, lambda: b.read_open_dataset(arrow)),
-               ("r.stream", arrow_files, lambda: b.read_streaming(arrow)),
-               ("r.rawcoll", [raw_path], lambda: b.raw_read_collate(raw_path)),
-               ("r.map_w", arrow_files, lambda: b.read_loader(open_dataset(arrow), a.workers)),
-               ("r.stream_w", arrow_files, lambda: b.read_loader(streaming(), a.workers)),
-               ("r.stream_thp", arrow_files, lambda: b.read_streaming_thp(arrow))]
-    for r in range(a.reps):
-        for key, files, fn in (readers if r % 2 == 0 else readers[::-1]):
-            drop_cache(files)
-            b.run(key).add(*(fn() if key == "r.stream_thp" else timed(fn)))
-    # what users do today: load_dataset copies every shard into the datasets cache on first use
-    drop_cache(arrow_files + [raw_path])
-    b.run("r.raw1").add(*timed(lambda: b.raw_read(raw_path)))
-    drop_cache(arrow_files)
-    t = time.perf_counter()
-    ds = datasets.load_dataset(str(arrow), split="train")
-    b.run("r.hf_load").add(shape.payload, time.perf_counter() - t)
-    cache_files = [Path(c["filename"]) for c in ds.cache_files]
-    b.res["hf_cache_bytes"] = sum(p.stat().st_size for p in cache_files)
-    limit = min(a.torch_format_samples, shape.samples)
-    drop_cache(cache_files)
-    b.run("r.hf_torch").add(*timed(lambda: b.read_hf_torch(ds, limit)))
-    # SpecForge's layout, written by `hs-dataset export --to specforge`
-    from hs_dataset.interop import export_specforge
-
-    sf = work / "specforge"
-    shutil.rmtree(sf, ignore_errors=True)
-    drop_cache(arrow_files)
-    t = time.perf_counter()
-    export_specforge(arrow, sf)
-    sf_files = files_under(sf, "*.ckpt")
-    drop_cache(sf_files)
-    b.run("w.specforge").add(shape.payload, time.perf_counter() - t)
-    b.res["specforge_bytes"] = sum(p.stat().st_size for p in sf_files)
-    sf_readers = [("r.raw2", [raw_path], lambda: b.raw_read(raw_path)),
-                  ("r.specforge", sf_files, lambda: b.read_specforge(sf, sf_files))]
-    for r in range(a.reps):
-        for key, files, fn in (sf_readers if r % 2 == 0 else sf_readers[::-1]):
-            drop_cache(files)
-            b.run(key).add(*timed(fn))
-
-    r_raw, r_coll = b.runs["r.raw"], b.runs["r.rawcoll"]
-    say(f"  ratios to the raw read into the same batches ({r_coll.best / 1e6:.0f} MB/s; a raw read alone: "
-        f"{r_raw.best / 1e6:.0f} MB/s = {r_raw.ratio_to(r_coll):.2f}x of it)")
-    _line(say, "raw: numpy.fromfile + the same DrafterCollator batches", r_coll, r_coll)
-    _line(say, "open_dataset (mmap) + iter_torch + DrafterCollator", b.runs["r.map"], r_coll, TARGET_READ)
-    _line(say, "load_dataset(streaming=True) + iter_torch + DrafterCollator", b.runs["r.stream"], r_coll, TARGET_READ)
-    _line(say, "  the same with GLIBC_TUNABLES=glibc.malloc.hugetlb=1", b.runs["r.stream_thp"], r_coll)
-    _line(say, f"open_dataset in TORCH_FORMAT, DataLoader, {a.workers} workers", b.runs["r.map_w"], r_coll, TARGET_READ)
-    _line(say, f"streaming in TORCH_FORMAT, DataLoader, {a.workers} workers", b.runs["r.stream_w"], r_coll,
-          TARGET_READ)
-    say(f"  today's way, vs a raw read run just before (raw then: {b.runs['r.raw1'].best / 1e6:.0f} MB/s):")
-    _line(say, "load_dataset(dir), 1st call: copies the shards to its cache", b.runs["r.hf_load"], b.runs["r.raw1"])
-    _line(say, f"then .with_format('torch') + DrafterCollator ({limit} samples)", b.runs["r.hf_torch"], b.runs["r.raw1"])
-    _line(say, "SpecForge files: torch.load(mmap=True) + its padding collator", b.runs["r.specforge"],
-          b.runs["r.raw2"])
-    _line(say, "(writing them: hs-dataset export --to specforge)", b.runs["w.specforge"], w_raw)
-    say()
+    buffer = torch.zeros(shape.sample_bytes // 2, dtype=torch.bfloat16)
+    for _ in range(a.reps):
+        drop_cache(arrow_files)
+        t = time.perf_counter()
+        b.run("r.raw").add(plain_read(arrow_files, buffer), time.perf_counter() - t)
+    r_raw = b.runs["r.raw"]
 
     # --- size ---------------------------------------------------------------------------------------
     tokens = shape.samples * shape.tokens
@@ -791,8 +557,6 @@ def _run(a: argparse.Namespace, work: Path) -> int:
     if "parquet_bytes" in b.res:
         sizes["bf16 Parquet (datasets' ParquetWriter)"] = b.res["parquet_bytes"]
     sizes["fp8_e4m3 Arrow (+ float32 scale per token and state)"] = b.res["fp8_bytes"]
-    sizes["SpecForge .ckpt files (export)"] = b.res["specforge_bytes"]
-    sizes["the datasets-cache copy load_dataset(dir) makes"] = b.res["hf_cache_bytes"]
     for name, n in sizes.items():
         ratio = n / tokens / shape.token_bytes
         extra = ""
@@ -832,18 +596,9 @@ def _run(a: argparse.Namespace, work: Path) -> int:
 
     # --- summary ------------------------------------------------------------------------------------
     w = b.runs["w.arrow"].ratio_to(w_raw)
-    rm = b.runs["r.map"].ratio_to(r_coll)
-    rs = b.runs["r.stream"].ratio_to(r_coll)
-    rmw = b.runs["r.map_w"].ratio_to(r_coll)
-    rsw = b.runs["r.stream_w"].ratio_to(r_coll)
     size = b.res["size_ratios"]["bf16 Arrow (the default)"]
     say("SUMMARY  (ratios: best run / best raw run, as above)")
     say(f"  write  Arrow build / raw write        {w:6.2f}x  target >= {TARGET_WRITE}: {verdict(w, TARGET_WRITE)}")
-    say("  read   (into DrafterCollator batches, / a raw read into the same batches)")
-    for name, r in (("open_dataset + iter_torch", rm), ("streaming + iter_torch", rs),
-                    (f"open_dataset, DataLoader, {a.workers} workers", rmw),
-                    (f"streaming, DataLoader, {a.workers} workers", rsw)):
-        say(f"         {name:38s}{r:6.2f}x  target >= {TARGET_READ}: {verdict(r, TARGET_READ)}")
     say(f"  size   bf16 Arrow / payload           {size:8.4f}x target {TARGET_BYTES:.2f}: "
         f"{verdict(size, TARGET_BYTES, False, TARGET_BYTES_TOL)}")
     say(f"  size   fp8 / bf16                     {b.res['fp8_ratio']:7.3f}x target <= {TARGET_FP8}: "
@@ -851,10 +606,8 @@ def _run(a: argparse.Namespace, work: Path) -> int:
     say(f"  memory peak RSS 10N / N               {mem['ratio']:6.2f}x  target <= {TARGET_MEMORY}: "
         f"{verdict(mem['ratio'], TARGET_MEMORY, False)}")
     results.update({"runs": {k: dataclasses.asdict(v) for k, v in b.runs.items()}, "results": b.res,
-                    "memory": mem, "summary": {"write": w, "read_map": rm, "read_stream": rs,
-                                               "read_map_workers": rmw, "read_stream_workers": rsw,
-                                               "read_stream_thp": b.runs["r.stream_thp"].ratio_to(r_coll), "size": size,
-                                               "fp8_ratio": b.res["fp8_ratio"], "memory": mem["ratio"]},
+                    "memory": mem, "summary": {"write": w, "size": size, "fp8_ratio": b.res["fp8_ratio"],
+                                               "memory": mem["ratio"]},
                     "report": lines})
     _dump(a, results)
     return 0

@@ -2,6 +2,12 @@
 
     hs-dataset build builder_scripts/tiny_demo.py --output demo_out
     python examples/train_drafter.py demo_out --steps 40
+    python examples/train_drafter.py org/name --revision v1.0     # a published version
+
+The data is read where it is: a build directory is memory-mapped in place, a published version is
+downloaded once (resumable, every shard checked against its recorded hash) and mapped there; either
+way at most one copy of the data is on disk (``hs_dataset.read.open_dataset``; ``load_dataset(dir)``
+would first convert the whole build into the ``datasets`` cache, a second copy).
 
 What each column does (EAGLE-3, one step of its training-time test):
 
@@ -25,13 +31,11 @@ import json
 from pathlib import Path
 
 import torch
-from datasets import load_dataset
 from safetensors import safe_open
 from torch.utils.data import DataLoader
 
 from hs_dataset.layout import layer_of
-from hs_dataset.read.collate import DrafterCollator
-from hs_dataset.read.torch_format import TORCH_FORMAT
+from hs_dataset.read import TORCH_FORMAT, DrafterCollator, open_dataset
 
 
 class DraftHead(torch.nn.Module):
@@ -53,7 +57,7 @@ class DraftHead(torch.nn.Module):
 
 
 def target_weights(data: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target model's embedding and lm_head (float32), from its safetensors (path in hs_dataset.json)."""
+    """The target model's embedding and lm_head (float32), from its safetensors (path in the build's hs_dataset.json)."""
     model = Path(json.loads((data / "hs_dataset.json").read_text())["model"]["path"])
     tensors = {}
     for f in sorted(model.glob("*.safetensors")):
@@ -66,7 +70,9 @@ def target_weights(data: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> list[float]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data", type=Path, help="a build directory (hs-dataset build --output)")
+    ap.add_argument("data", help="a build directory (hs-dataset build --output), or a published version's repo (org/name)")
+    ap.add_argument("--revision", default=None, help="the version of a repo (default: main, the newest)")
+    ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max-length", type=int, default=256, help="tokens per sample trained on")
@@ -74,13 +80,14 @@ def main(argv: list[str] | None = None) -> list[float]:
     a = ap.parse_args(argv)
     torch.manual_seed(0)
 
-    ds = load_dataset(str(a.data), split="train").with_format(TORCH_FORMAT)  # rows of bf16 tensors
+    ds = open_dataset(a.data, revision=a.revision).with_format(TORCH_FORMAT)  # rows of bf16 tensors, zero-copy
     layers = [c for c in ds.column_names if layer_of(c) is not None]  # not the fp8 builds' *_scale columns
-    embed, lm_head = target_weights(a.data)
+    embed, lm_head = target_weights(Path(ds.cache_files[0]["filename"]).parent.parent)  # the build (or download) folder
     draft = DraftHead(embed.shape[1], len(layers), embed)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=a.lr)
     loader = DataLoader(ds, batch_size=a.batch, shuffle=True, collate_fn=DrafterCollator(max_length=a.max_length),
-                        generator=torch.Generator().manual_seed(0))
+                        generator=torch.Generator().manual_seed(0), num_workers=a.workers,
+                        persistent_workers=a.workers > 0)
 
     losses: list[float] = []
     while len(losses) < a.steps:

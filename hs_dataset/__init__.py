@@ -7,7 +7,7 @@ beside it. The entry points, imported lazily (``import hs_dataset`` pulls in nei
 
 * :func:`build` and :class:`HiddenStatesConfig`: build or resume a dataset;
 * :func:`push_dataset` / :func:`list_versions`: publish versions to the Hub, list them;
-* :func:`open_dataset`, :func:`load_verified`, :func:`iter_torch`, :func:`decode_row`,
+* :func:`open_dataset` (a local build or a published version), :func:`iter_torch`, :func:`decode_row`,
   :class:`DrafterCollator`: read for training;
 * :func:`verify_build` / :func:`verify_repo`: check a build or a version against its checksums;
 * :func:`export_dataset` (:func:`export_specforge`), :func:`import_dataset`: move data to and from
@@ -29,7 +29,7 @@ _EXPORTS = {
     "build": "hs_dataset.write.driver", "BuildSummary": "hs_dataset.write.driver",
     "HiddenStatesConfig": "hs_dataset.config",
     "push_dataset": "hs_dataset.hub.publish", "list_versions": "hs_dataset.hub.versions",
-    "open_dataset": "hs_dataset.read.open", "load_verified": "hs_dataset.read.open",
+    "open_dataset": "hs_dataset.read.open",
     "iter_torch": "hs_dataset.read.iterate", "decode_row": "hs_dataset.read.decode",
     "DrafterCollator": "hs_dataset.read.collate",
     "verify_build": "hs_dataset.integrity.verify", "verify_repo": "hs_dataset.integrity.verify",
@@ -44,7 +44,7 @@ _RENAMED = {"build_shard": "build_share", "shard_parts": "share_parts", "merge_s
 __all__ = [
     "BuildSummary", "DrafterCollator", "HiddenStatesConfig", "__version__", "build", "build_share", "build_with_ray",
     "decode_row", "export_dataset", "export_specforge", "import_dataset", "iter_torch", "list_versions",
-    "load_verified", "merge_shares", "open_dataset", "push_dataset", "share_parts", "verify_build", "verify_repo",
+    "merge_shares", "open_dataset", "push_dataset", "share_parts", "verify_build", "verify_repo",
 ]
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below gives, for type checkers and IDEs
@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # what the lazy __getattr__ below gives, for type checkers an
     from hs_dataset.read.collate import DrafterCollator
     from hs_dataset.read.decode import decode_row
     from hs_dataset.read.iterate import iter_torch
-    from hs_dataset.read.open import load_verified, open_dataset
+    from hs_dataset.read.open import open_dataset
     from hs_dataset.scale.merge import merge_shares
     from hs_dataset.scale.ray import build_with_ray
     from hs_dataset.scale.worker import build_share

@@ -10,8 +10,9 @@ Two layouts, the ones the drafter trainers consume:
   ``verifier_last_hidden_states`` = final) with per-sample ``lengths`` and ``position_ids``. No
   padding is written at all; a padded layout can be made from it on the GPU.
 
-In a ``DataLoader`` worker the batch is allocated in shared memory, as ``default_collate`` does, so
-handing it to the training process copies nothing.
+In a ``DataLoader`` worker the batch is written into shared memory, as ``default_collate`` does, so
+handing it to the training process copies nothing; each worker reuses a few such buffers once the
+training process has dropped the batches in them (:mod:`hs_dataset.read.worker_batches`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,14 @@ import torch
 import hs_dataset.read.torch_format  # noqa: F401
 from hs_dataset.layout import FINAL_COLUMN, TEACHER_IDS_COLUMN, TEACHER_LOGPROBS_COLUMN, TEACHER_LSE_COLUMN, layer_of
 from hs_dataset.read.safe_views import libc_madvise
+from hs_dataset.read.worker_batches import SharedBatch, WorkerBuffers
 
 __all__ = ["DrafterCollator", "empty_batch_tensor"]
 
 _MADV_HUGEPAGE = 14
+# buffers kept per state in the training process: the batch a training loop still holds while it asks for the
+# next one (``for batch in loader`` rebinds ``batch`` only after), and one to write that next one into
+_POOL_DEPTH = 2
 _HUGE_MIN_BYTES = 8 << 20
 
 
@@ -103,41 +108,66 @@ class DrafterCollator:
     Args:
         max_length: cut each sample to its first ``max_length`` tokens.
         pad_token_id: ``input_ids`` of padding positions (padded layout).
-        reuse_buffers: the two state buffers of a batch are reused for a later batch of the same
-            shape once nothing references them any more (the batch and every view of it are gone,
-            and they were not handed to another process): at Kimi shapes a batch is 100s of MB, and
-            fresh memory costs a page fault per 4 KiB (measured: streaming reads 1.8x faster with reuse).
+        reuse_buffers: the two state buffers of a batch are reused for a later batch that fits in them once
+            nothing references them any more (the batch and every view of it are gone, and they were not
+            handed to another process); two of each are kept, as large as the largest batch yet, so that a
+            training loop holding the last batch while it asks for the next still reuses them: at Kimi
+            shapes a batch is 100s of MB, and fresh memory costs a page fault per 4 KiB (on this VM about
+            as much as reading the bytes from disk).
         packed: the packed layout instead of the padded one.
+        worker_buffers: in a DataLoader worker, the shared-memory batch buffers it keeps and reuses once the
+            training process has dropped every tensor of the batch in one (0: fresh memory per batch; measured:
+            README, "Load for training"). Each is as large as the largest batch yet; default 4 = the 2 batches
+            a worker has in flight by default (``prefetch_factor``), one the trainer holds, one being written.
 
     Raises:
         ValueError: on an empty batch.
     """
 
     def __init__(self, max_length: int | None = None, pad_token_id: int = 0, reuse_buffers: bool = True,
-                 packed: bool = False):
+                 packed: bool = False, worker_buffers: int = 4):
         self.max_length = max_length
         self.pad_token_id = pad_token_id
         self.reuse_buffers = reuse_buffers
         self.packed = packed
-        self._pool: dict[str, torch.Tensor] = {}
+        self.worker_buffers = worker_buffers
+        self._pool: dict[str, list[torch.Tensor]] = {}
+        self._shared: WorkerBuffers | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # a DataLoader worker gets the settings, not the buffers
-        return {**self.__dict__, "_pool": {}}
+        return {**self.__dict__, "_pool": {}, "_shared": None}
+
+    def _states(self, B: int, T: int, H: int, n: int, final: bool) -> tuple[torch.Tensor | None, torch.Tensor, int]:
+        """The state buffers of a batch, ``[B, T, H]`` (None without ``final``) and ``[B, T, n*H]``, and the
+        worker buffer index holding them (-1: none)."""
+        if not (_in_worker() and self.worker_buffers > 0):
+            return (self._buffer("hidden_states", (B, T, H)) if final else None,
+                    self._buffer("aux_hidden_states", (B, T, n * H)), -1)
+        if self._shared is None:
+            self._shared = WorkerBuffers(self.worker_buffers)
+        index, storage = self._shared.take(B * T * (n + int(final)) * H * 2)
+        aux = torch.empty((0,), dtype=torch.bfloat16).set_(storage, 0, (B, T, n * H))  # type: ignore[call-overload]
+        last = torch.empty((0,), dtype=torch.bfloat16).set_(storage, B * T * n * H, (B, T, H)) if final else None  # type: ignore[call-overload]
+        return last, aux, index
 
     def _buffer(self, key: str, shape: tuple[int, ...]) -> torch.Tensor:
-        # a worker's batches go to the main process through shared memory and are never free again here:
-        # keeping one in the pool would only hold an extra batch of /dev/shm per worker
-        reuse = self.reuse_buffers and not _in_worker()
-        if reuse:
-            t = self._pool.pop(key, None)
-            if t is not None and tuple(t.shape) == shape and _unreferenced(t, python_refs=1):
-                self._pool[key] = t
-                return t
-            del t
-        t = empty_batch_tensor(shape, torch.bfloat16)
-        if reuse:
-            self._pool[key] = t
-        return t
+        """A ``shape`` view of a pooled buffer nothing references any more, or of a fresh one (kept when there is room)."""
+        n = math.prod(shape)
+        if not self.reuse_buffers:
+            return empty_batch_tensor(shape, torch.bfloat16)
+        pool = self._pool.setdefault(key, [])
+        pool[:] = [t for t in pool if not t.untyped_storage().is_shared()]  # handed to another process: never free here
+        for i in range(len(pool)):
+            if pool[i].numel() >= n and _unreferenced(pool[i], python_refs=1):
+                return pool[i][:n].view(shape)
+        flat = empty_batch_tensor((max([n] + [t.numel() for t in pool]),), torch.bfloat16)  # as large as the largest yet
+        if len(pool) < _POOL_DEPTH:
+            pool.append(flat)
+        else:
+            small = [i for i in range(len(pool)) if _unreferenced(pool[i], python_refs=1)]
+            if small:  # a free buffer too small for this batch: replaced by a larger one
+                pool[small[0]] = flat
+        return flat[:n].view(shape)
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not samples:
@@ -157,11 +187,11 @@ class DrafterCollator:
         batch = {
             "input_ids": small((B, T), self.pad_token_id, dtype=torch.long),
             "loss_mask": small((B, T), 0, dtype=torch.long),
-            # not zeroed: every position is written below, the padding with zeros
-            "aux_hidden_states": self._buffer("aux_hidden_states", (B, T, len(layer_cols) * H)),
         }
-        if final:
-            batch["hidden_states"] = self._buffer("hidden_states", (B, T, H))
+        # not zeroed: every position is written below, the padding with zeros
+        last, batch["aux_hidden_states"], index = self._states(B, T, H, len(layer_cols), final)
+        if last is not None:
+            batch["hidden_states"] = last
         if TEACHER_IDS_COLUMN in samples[0]:
             k = samples[0][TEACHER_IDS_COLUMN].shape[-1]
             batch["teacher_ids"] = torch.full((B, T, k), -1, dtype=torch.long)
@@ -194,6 +224,8 @@ class DrafterCollator:
                 batch["teacher_ids"][b, at] = s[TEACHER_IDS_COLUMN][keep].long()
                 batch["teacher_logprobs"][b, at] = s[TEACHER_LOGPROBS_COLUMN][keep]
                 batch["teacher_lse"][b, at] = s[TEACHER_LSE_COLUMN][keep]
+        if self._shared is not None:
+            return SharedBatch(batch, self._shared, index, "aux_hidden_states")
         return batch
 
 

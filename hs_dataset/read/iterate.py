@@ -17,11 +17,12 @@ import torch
 
 from hs_dataset.read.decode import decode_row
 from hs_dataset.read.safe_views import SafeViews
+from hs_dataset.read.shard_checks import ensure_intact
 
 __all__ = ['READ_AHEAD_BYTES', 'iter_torch']
 
 
-READ_AHEAD_BYTES = 256 << 20  # map-style read-ahead per unit of ``prefetch``: two 117 MB Kimi rows
+READ_AHEAD_BYTES = 256 << 20  # read-ahead per unit of ``prefetch``: two 117 MB Kimi rows
 
 
 def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
@@ -30,14 +31,14 @@ def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
 
     Args:
         ds: a map-style ``datasets.Dataset`` (:func:`open_dataset`, ``load_dataset(...)``) or a
-            streaming ``datasets.IterableDataset``.
+            streaming ``datasets.IterableDataset`` (``open_dataset(..., streaming=True)``,
+            ``load_dataset(..., streaming=True)``).
         batch_size: rows read as one Arrow batch.
         columns: the hidden-state columns to decode (default: all).
         prefetch: read-ahead on a background thread while the caller works on the current rows
-            (0: none). Streaming: ``prefetch`` Arrow batches are read ahead (measured 1.7x on 2
-            cores). Map-style: the coming rows' pages are read in from disk ahead, up to
-            ``prefetch * READ_AHEAD_BYTES`` of them (at least one row), so the caller's copy into
-            the training batch never waits for the disk.
+            (0: none): the coming rows are read and decoded there, up to ``prefetch * READ_AHEAD_BYTES``
+            of states (at least one row); a mapped shard's pages are read in from disk there too, so
+            the caller's copy into the training batch never waits for the disk.
 
     Raises:
         TypeError: a column holds neither bf16 nor fp8 bits.
@@ -45,12 +46,34 @@ def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
     cols = list(columns) if columns is not None else None
     tables = ds.with_format("arrow").iter(batch_size=batch_size)
     mapped = isinstance(ds, datasets.Dataset)
-    if prefetch > 0 and not mapped:
-        tables = _read_ahead(tables, prefetch)
-    rows = _decoded_rows(tables, cols, populate=mapped and prefetch > 0, per_table=not mapped)
-    if prefetch > 0 and mapped:
+    rows = _decoded_rows(tables, cols, populate=prefetch > 0, per_table=not mapped)
+    if prefetch > 0:
         rows = _read_ahead(rows, prefetch * READ_AHEAD_BYTES, cost=_state_bytes)
-    yield from rows
+    stop = _verify_ahead([c["filename"] for c in ds.cache_files]) if mapped and prefetch > 0 else None
+    try:
+        yield from rows
+    finally:
+        if stop is not None:
+            stop.set()
+
+
+def _verify_ahead(files: list[str]) -> threading.Event:
+    """Check the shards' content hashes in order on a thread (:func:`~hs_dataset.read.shard_checks.ensure_intact`),
+    ahead of the rows: the next shard is hashed from disk while the current one's rows are read from the page
+    cache the hash brought them into. A shard already verified costs a ``stat``. Set the event to stop."""
+    stop = threading.Event()
+
+    def run() -> None:
+        for f in files:
+            if stop.is_set():
+                return
+            try:
+                ensure_intact(f)
+            except Exception:  # the reader checks this shard again before its first row, and raises there
+                return
+
+    threading.Thread(target=run, name="hs_dataset-verify-ahead", daemon=True).start()
+    return stop
 
 
 def _decoded_rows(tables: Iterable[pa.Table], columns: list[str] | None, *, populate: bool,

@@ -1,59 +1,141 @@
-"""Opening a build for reading, checked first: a local build mapped in place, or a published version.
+"""Opening a build for reading, checked first: a local build mapped in place, or a published version, on disk once.
 
-A local build directory is best opened with :func:`open_dataset`: it memory-maps the shards
-where they are, whereas ``load_dataset(dir)`` first copies every shard into the ``datasets`` cache.
-Both :func:`open_dataset` and :func:`load_verified` (a published version or a local build, map-style
-or ``streaming=True``) refuse a build whose shards do not add up to what its ``hs_dataset.json``
-records: a missing or extra shard, a shard of another size or other rows (:class:`IntegrityError`).
-Plain ``load_dataset(..., streaming=True)`` cannot check that; ``hs-dataset verify`` checks the
-content hashes too. Rows are decoded by :mod:`hs_dataset.read.decode` and iterated by
+:func:`open_dataset` is the one way in. A local build directory is memory-mapped where it is. A published
+version (``org/name`` + ``revision``) is downloaded once into a folder of its own
+(:mod:`hs_dataset.hub.download`: resumable, never twice) and mapped there, so the data exists once on disk;
+``streaming=True`` on a repo reads it over HTTP with nothing written. What the other ways cost:
+``load_dataset(dir)`` converts every shard into the ``datasets`` cache (a second copy of the build), and
+``load_dataset("org/name")`` downloads into the hub cache and then converts (two more copies).
+
+Every way refuses a build whose shards do not add up to what its ``hs_dataset.json`` records (a missing or
+extra shard, a shard of another size or other rows: :class:`IntegrityError`); a downloaded file's content
+hash is checked as soon as it arrives, and every tensor reader checks a shard's hash before its first row
+(:mod:`hs_dataset.read.shard_checks`). Rows are decoded by :mod:`hs_dataset.read.decode` and iterated by
 :mod:`hs_dataset.read.iterate`; batches are made by :mod:`hs_dataset.read.collate`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import datasets
 
-from hs_dataset.errors import IntegrityError
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
+from hs_dataset.errors import ConfigError, HubAccessError, IntegrityError, NotABuildError
+from hs_dataset.hub.access import hub_errors
+from hs_dataset.hub.download import LocalVersion, download_version
 from hs_dataset.integrity.verify import (Problem, VerifyReport, check_listing, data_files, read_meta, recorded_shards,
                                          verify_repo)
-from hs_dataset.layout import DATA_DIR
+from hs_dataset.layout import DATA_DIR, META_FILE
+from hs_dataset.read.shard_checks import ensure_intact
 
-__all__ = ["load_verified", "open_dataset"]
+__all__ = ["open_dataset"]
+
+# org/name: a repo id as the Hub spells it (huggingface_hub checks the rest); anything else is a path
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
-def open_dataset(path: str | os.PathLike) -> datasets.Dataset:
-    """A finished build directory (``OUT`` of ``hs-dataset build``) as a map-style ``datasets.Dataset``.
+def _is_repo_id(name: str) -> bool:
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return bool(_REPO_ID.match(name))
 
-    Arrow shards are memory-mapped in place (``Dataset.from_file``): nothing is copied or converted,
-    so opening a 1 TB dataset takes milliseconds and its pages are read on first access. Parquet
-    shards have no zero-copy form and go through ``load_dataset`` (which converts them into the
+
+@overload
+def open_dataset(path_or_repo: str | os.PathLike, *, revision: str | None = None, streaming: Literal[False] = False,
+                 token: str | None = None, local_dir: str | os.PathLike | None = None,
+                 num_shards: int | None = None) -> datasets.Dataset: ...
+
+
+@overload
+def open_dataset(path_or_repo: str | os.PathLike, *, revision: str | None = None, streaming: Literal[True],
+                 token: str | None = None, local_dir: str | os.PathLike | None = None,
+                 num_shards: int | None = None) -> datasets.IterableDataset: ...
+
+
+def open_dataset(path_or_repo: str | os.PathLike, *, revision: str | None = None, streaming: bool = False,
+                 token: str | None = None, local_dir: str | os.PathLike | None = None,
+                 num_shards: int | None = None) -> datasets.Dataset | datasets.IterableDataset:
+    """A finished build, local or published, as a ``datasets`` dataset, its shards checked against ``hs_dataset.json``.
+
+    * a build directory (``OUT`` of ``hs-dataset build``, or a downloaded version's folder): its Arrow
+      shards memory-mapped in place (``Dataset.from_file``): nothing is copied or converted, opening a
+      1 TB build takes milliseconds and pages are read on first access;
+    * a published version (``"org/name"``, ``revision="v1.0"``): its files downloaded once into
+      ``local_dir`` (default ``$HF_HOME/hs_dataset/versions/<org>--<name>/<commit>``) and mapped there;
+      opened again, nothing is downloaded; a file damaged on the way is deleted and refused;
+    * ``streaming=True``: an ``IterableDataset``; of a build directory (or a version downloaded with
+      ``local_dir``), over the same mapped shards, ``num_shards`` shards (default: one per file) for
+      DataLoader workers and nodes; of a repo, read over HTTP (``load_dataset(..., streaming=True)``),
+      nothing written to disk.
+
+    Parquet shards have no zero-copy form and go through ``load_dataset`` (which converts them into the
     ``datasets`` cache).
 
     Args:
-        path: the build directory.
+        path_or_repo: a build directory, or a dataset repo id (``org/name``).
+        revision: the version (tag), branch or commit of a repo (default: ``main``, the newest version).
+        streaming: an ``IterableDataset`` instead of a map-style ``Dataset``.
+        token: for the Hub (default: ``huggingface_hub``'s own: ``HF_TOKEN``, a stored login).
+        local_dir: where a repo's version is downloaded to (and streamed from, with ``streaming=True``).
+        num_shards: shards of a local ``streaming=True`` dataset (at least one per DataLoader worker and node).
 
     Raises:
-        NotABuildError: ``path`` is not a finished build (no ``hs_dataset.json``).
-        IntegrityError: a recorded shard is missing or of another size or row count, or ``data/``
-            holds a file that is not recorded (run ``hs-dataset verify`` for the full check).
+        NotABuildError: ``path_or_repo`` is not a finished build (no ``hs_dataset.json``), nor a repo id.
+        IntegrityError: a recorded shard is missing or of another size or row count, ``data/`` holds a file
+            that is not recorded, or a downloaded shard's content hash differs from its record (it is
+            deleted: open the version again to download it again).
+        HubAccessError: the Hub cannot be reached, refuses the token, or has no such repo or revision.
+        OutputWriteError: not enough free disk under ``local_dir`` for the version's files.
+        ConfigError: ``revision`` given with a build directory.
     """
-    root = Path(path)
-    meta, shards = _checked_listing(root)
+    root = Path(path_or_repo)
+    if root.is_dir():
+        if revision is not None:
+            raise ConfigError(f"{root} is a build directory: revision={revision!r} is for a Hub repo (org/name); "
+                              "leave it out", field="revision", value=revision)
+        return _open_local(root, streaming, num_shards)
+    repo_id = str(path_or_repo)
+    if not _is_repo_id(repo_id):
+        raise NotABuildError(f"{repo_id}: no such build directory, nor a Hub repo id (org/name): give the OUT of "
+                             "`hs-dataset build`, or a published version's repo")
+    try:
+        if streaming and local_dir is None:
+            with hub_errors(None, repo_id):
+                report = verify_repo(repo_id, revision=revision, quick=True, token=token)
+            report.raise_if_bad()
+            return datasets.load_dataset(repo_id, revision=report.commit, split="train", streaming=True, token=token)
+        version = download_version(repo_id, revision=revision, token=token, local_dir=local_dir)
+    except HubAccessError as e:
+        if getattr(getattr(e.__cause__, "response", None), "status_code", None) == 404 and revision is None:
+            raise HubAccessError(f"{e} (nor is there a build directory {repo_id} here)") from e.__cause__
+        raise
+    _check_fetched(version)
+    return _open_local(version.path, streaming, num_shards)
+
+
+def _open_local(root: Path, streaming: bool, num_shards: int | None) -> datasets.Dataset | datasets.IterableDataset:
+    _, shards = _checked_listing(root)
     if not shards:
         raise IntegrityError(f"{root} records no shards (no data/train-*.arrow or data/train-*.parquet): rebuild it")
     if not shards[0]["name"].endswith(".arrow"):
-        return datasets.load_dataset(str(root), split="train")
+        return datasets.load_dataset(str(root), split="train", streaming=streaming)
     parts = [datasets.Dataset.from_file(str(root / DATA_DIR / s["name"])) for s in shards]
     wrong = [Problem(f"{DATA_DIR}/{s['name']}", f"holds {len(d)} rows, {s['rows']} recorded")
              for s, d in zip(shards, parts) if len(d) != int(s["rows"])]
     if wrong:
         raise IntegrityError(f"{root}: {'; '.join(map(str, wrong))}. Run `hs-dataset verify {root}`", wrong)
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    if not streaming:
+        return ds
+    return ds.to_iterable_dataset(num_shards=max(1, min(num_shards or len(parts), len(ds))))
 
 
 def _checked_listing(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -67,31 +149,20 @@ def _checked_listing(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return meta, shards
 
 
-def load_verified(path_or_repo: str | os.PathLike, *, revision: str | None = None, split: str = "train",
-                  streaming: bool = False, token: str | None = None,
-                  **kwargs: Any) -> datasets.Dataset | datasets.IterableDataset:
-    """``load_dataset`` of a published version (or a local build), after checking that its shards are
-    exactly the ones its ``hs_dataset.json`` records (names, sizes, rows add up): the check that
-    ``streaming=True`` cannot make itself. A local build, map-style, is :func:`open_dataset`.
-
-    Args:
-        path_or_repo: a build directory, or a dataset repo id (``org/name``).
-        revision: the version (tag) of a repo; the check and the load read the same commit.
-        split, streaming, kwargs: passed to ``datasets.load_dataset``.
-        token: for the Hub. The Hub is ``HF_ENDPOINT``'s (``datasets.load_dataset`` reads no other), so the
-            check and the load reach the same one.
-
-    Raises:
-        IntegrityError: a shard is missing, extra or of another size (names them).
-        NotABuildError: no ``hs_dataset.json``.
-    """
-    root = Path(path_or_repo)
-    if root.is_dir():
-        if not streaming:
-            return open_dataset(root)
-        _checked_listing(root)
-        return datasets.load_dataset(str(root), split=split, streaming=True, **kwargs)
-    report = verify_repo(str(path_or_repo), revision=revision, quick=True, token=token)
-    report.raise_if_bad()
-    return datasets.load_dataset(str(path_or_repo), revision=report.commit, split=split, streaming=streaming,
-                                 token=token, **kwargs)
+def _check_fetched(version: LocalVersion) -> None:
+    """Hash every shard this download fetched (whatever ``HS_DATASET_CHECK_SHARDS`` says); a damaged one is
+    deleted, so that opening the version again downloads it again. The verdicts are kept: reads do not hash
+    these files again."""
+    for rel in version.fetched:
+        if not rel.startswith(DATA_DIR + "/"):
+            continue
+        p = version.path / rel
+        try:
+            ensure_intact(p, always=True)
+        except IntegrityError as e:
+            p.unlink(missing_ok=True)
+            raise IntegrityError(f"{version.where}: {rel} as downloaded differs from the xxh3_128 its {META_FILE} "
+                                 f"records (damaged on the Hub or on the way): deleted it, open the version again to "
+                                 f"download it again; if it is refused again, the published file is damaged (`hs-dataset "
+                                 f"verify {version.repo_id} --revision {version.revision}` names it) and the version "
+                                 "must be pushed again", [Problem(rel, "content hash differs")]) from e

@@ -12,10 +12,15 @@ or inode): the verdict is kept in a small marker file under ``$XDG_CACHE_HOME/hs
 (``~/.cache``), so DataLoader workers and later epochs share it; a lock makes one process hash a shard
 while the others wait.
 
+A version downloaded by :func:`hs_dataset.read.open_dataset` has each file hashed as it arrives (a damaged
+one is deleted and refused) and is read as a local build; streaming ``open_dataset(dir, streaming=True)``
+reads the mapped shards, so it is covered too.
+
 What is not covered: rows read without tensors (``ds[i]`` in the default format, plain
-``load_dataset``), and streaming reads (``load_dataset(..., streaming=True)``, ``load_verified(...,
-streaming=True)``): their bytes are never mapped from the shard, so there is no file to check as they
-are read; those paths check the listing, sizes and rows only, and ``hs-dataset verify`` the hashes.
+``load_dataset``), and streaming reads of datasets' own (``load_dataset(..., streaming=True)``, and
+``open_dataset("org/name", streaming=True)`` over HTTP): their bytes are never mapped from the shard, so
+there is no file to check as they are read; those paths check the listing, sizes and rows only, and
+``hs-dataset verify`` the hashes.
 ``HS_DATASET_CHECK_SHARDS=0`` turns the check off (measured cost: README, "Load for training").
 """
 
@@ -36,6 +41,7 @@ from hs_dataset.layout import DATA_DIR, META_FILE, SHARD_RE
 __all__ = ["CHECK_ENV", "ensure_intact", "shard_checks_enabled"]
 
 CHECK_ENV = "HS_DATASET_CHECK_SHARDS"
+DOWNLOAD_RECORDS = ".cache/huggingface"  # in a folder huggingface_hub downloaded a version into (local_dir)
 
 _lock = threading.Lock()
 _intact: set[tuple[int, int, int, int]] = set()  # (device, inode, size, mtime_ns) hashed and matched here
@@ -80,17 +86,22 @@ def _marker_dir() -> Path:
     return base / "hs_dataset" / "verified" / _boot_id()
 
 
-def ensure_intact(path: str | os.PathLike, st: os.stat_result | None = None) -> None:
+def ensure_intact(path: str | os.PathLike, st: os.stat_result | None = None, *, always: bool = False) -> None:
     """Raise :class:`IntegrityError` when ``path`` is a shard of a build whose content differs from its record.
 
     Files that are not shards of a finished build (``<root>/data/train-*`` beside ``<root>/hs_dataset.json``)
     pass unchecked. The first call for a shard hashes it (see the module docstring); later ones cost a
     ``stat``.
 
+    Args:
+        path: the file.
+        st: its ``os.stat`` result, when the caller has it.
+        always: check even when ``HS_DATASET_CHECK_SHARDS=0`` (a file just downloaded).
+
     Raises:
         IntegrityError: the shard's content hash, or its size, differs from ``hs_dataset.json``.
     """
-    if not shard_checks_enabled():
+    if not (always or shard_checks_enabled()):
         return
     p = Path(os.fsdecode(path))
     if p.parent.name != DATA_DIR or not SHARD_RE.match(p.name):
@@ -105,8 +116,8 @@ def ensure_intact(path: str | os.PathLike, st: os.stat_result | None = None) -> 
         return  # not a recorded shard of ours (or one written before checksums): nothing to check against
     where = f"{p.parent.parent}: {DATA_DIR}/{p.name}"
     if int(entry["bytes"]) != st.st_size:
-        raise IntegrityError(f"{where} has {st.st_size} bytes, {entry['bytes']} recorded: refusing its rows. Run "
-                             f"`hs-dataset verify {p.parent.parent}`, then the build command again to repair it")
+        raise IntegrityError(f"{where} has {st.st_size} bytes, {entry['bytes']} recorded: refusing its rows. "
+                             f"{_repair(p)}")
     marker_dir = _marker_dir()
     marker = marker_dir / hashlib.sha256(f"{key}:{entry[HASH_KEY]}".encode()).hexdigest()[:32]
     if not marker.exists():
@@ -129,8 +140,7 @@ def _hash_once(p: Path, marker: Path, expected: str, where: str) -> None:
                 return
         if file_digest(p) != expected:
             raise IntegrityError(f"{where}: its content hash differs from the xxh3_128 recorded in {META_FILE} "
-                                 f"(damaged on disk since it was written): refusing its rows. Run `hs-dataset verify "
-                                 f"{p.parent.parent}`, then the build command again to rebuild the damaged part")
+                                 f"(damaged on disk since it was written): refusing its rows. {_repair(p)}")
         if fd >= 0:
             try:
                 marker.write_text(expected)
@@ -139,3 +149,11 @@ def _hash_once(p: Path, marker: Path, expected: str, where: str) -> None:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _repair(p: Path) -> str:
+    """What repairs the damaged shard ``p``: a download again (a downloaded version), or the build command."""
+    root = p.parent.parent
+    if (root / DOWNLOAD_RECORDS).is_dir():  # a version downloaded by hs_dataset.hub.download
+        return f"This is a downloaded version: delete {p} and open the version again to download it again"
+    return f"Run `hs-dataset verify {root}`, then the build command again to rebuild the damaged part"

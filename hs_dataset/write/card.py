@@ -120,32 +120,45 @@ def human_bytes(n: Any) -> str:
     return str(n)
 
 
-def decode_snippet(storage_dtype: str, column: str) -> str:
-    """A copy-pasteable decoder for one hidden-state column."""
-    if storage_dtype == "bfloat16":
-        return (
-            "import numpy as np, torch\n"
-            f'bits = np.asarray(ds[0]["{column}"], dtype=np.uint16)  # [tokens, hidden] bfloat16 bit patterns\n'
-            "hidden = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)"
-        )
-    # fp8 e4m3 + a per-token scale: use the project's decoder
+def decode_snippet(storage_dtype: str, column: str, hidden_size: Any = None) -> str:
+    """A copy-pasteable decoder for one hidden-state column: zero-copy views of the Arrow buffers, never Python lists."""
+    helper = ("from hs_dataset.read import decode_row\n"
+              "row = decode_row(ds.with_format('arrow')[0:1])  # dict of torch tensors: the states in bf16 [tokens, "
+              "hidden], zero-copy, safe to write to")
+    if storage_dtype != "bfloat16":  # fp8 e4m3 + a per-token scale: the project's decoder
+        return helper
+    hidden = int(hidden_size) if isinstance(hidden_size, int) else "hidden_size"
     return (
-        "from hs_dataset.read import decode_row\n"
-        "row = decode_row(ds.with_format('arrow')[0])  # dict of torch tensors, states in bf16"
+        helper + "\n\n"
+        "# without hs_dataset: the bf16 bits as a view of the Arrow buffer (read-only: .clone() before in-place ops)\n"
+        "import numpy as np, torch\n"
+        "table = ds.with_format('arrow')[0:1]  # one row as an Arrow table, no Python lists\n"
+        f'bits = table["{column}"].chunk(0).storage.flatten().flatten().to_numpy(zero_copy_only=True)\n'
+        f"hidden = torch.from_numpy(bits.view(np.int16).reshape(-1, {hidden})).view(torch.bfloat16)  # [tokens, hidden]"
     )
 
 
 def load_snippet(repo_id: str | None, version: str, local_dir: str | None) -> str:
-    """How to load this version (published) or this build (local)."""
+    """How to load this version (published) or this build (local) for training: one copy on disk at most."""
     if repo_id is None:
         where = local_dir or "<build directory>"
         return ("## Load this build\n\n```python\nfrom hs_dataset.read import open_dataset\n\n"
                 f'ds = open_dataset("{_code(where)}")  # memory-maps the shards in place\n```\n\n'
                 "Publish it as a version with `hs-dataset push DIR org/name --version v1.0`.")
-    return ("## Load a pinned version\n\n```python\nfrom datasets import load_dataset\n\n"
-            f'ds = load_dataset("{_code(repo_id)}", revision="{_code(version)}", split="train")\n'
-            "# or stream it, without downloading every shard first\n"
-            f'ds = load_dataset("{_code(repo_id)}", revision="{_code(version)}", split="train", streaming=True)\n```\n\n'
+    repo, rev = _code(repo_id), _code(version)
+    return ("## Load a pinned version\n\n```python\n"
+            "from hs_dataset.read import iter_torch, open_dataset\n\n"
+            f'ds = open_dataset("{repo}", revision="{rev}")  # downloaded once, checked, memory-mapped: one copy on disk\n'
+            "for sample in iter_torch(ds):  # dicts of torch tensors: each state bf16 [tokens, hidden], zero-copy\n"
+            "    ...\n"
+            "# or stream it over HTTP, nothing written to disk:\n"
+            f'# ds = open_dataset("{repo}", revision="{rev}", streaming=True)\n```\n\n'
+            "`pip install hs-dataset` gives `open_dataset`; it downloads the version's files once (a download "
+            "killed midway resumes), checks every shard against the xxh3-128 hashes below, and maps the files "
+            "where they are: opened again, nothing is downloaded. Plain `datasets` works too: "
+            f'`load_dataset("{repo}", revision="{rev}", split="train")`, but it keeps two more copies of the data '
+            "(the hub cache, and the Arrow conversion in the `datasets` cache), and `with_format(\"torch\")` gives "
+            "int64 copies of the stored bits, not bf16 (decode them as below).\n\n"
             "Each published version is a git tag of this repository; `main` holds the newest version.\n"
             "Pin a `revision` for training runs that must be reproducible.")
 
@@ -298,7 +311,8 @@ def render_card(metadata: dict, extra: dict) -> str:
         "storage_dtype": _code(storage_dtype),
         "stored_as": _cell(metadata.get("stored_as") or "uint16 bits"),
         "hidden_columns": ", ".join(f"`{_code(c)}`" for c in hidden_columns) or "n/a",
-        "decode_snippet": decode_snippet(storage_dtype, hidden_columns[0] if hidden_columns else "hidden"),
+        "decode_snippet": decode_snippet(storage_dtype, hidden_columns[0] if hidden_columns else "hidden",
+                                         model.get("hidden_size")),
         "decode_helper": _code(metadata.get("decode")),
         "tokenizer_path": _code(tokenizer.get("path")),
         "tokenizer_class": _code(tokenizer.get("class")),

@@ -20,7 +20,7 @@ from hs_dataset.errors import IntegrityError
 from hs_dataset.hub.publish import push_dataset
 from hs_dataset.integrity.verify import repair_command, verify_build, verify_repo
 from hs_dataset.layout import DAMAGED_FILE, STATE_DIR
-from hs_dataset.read.open import load_verified, open_dataset
+from hs_dataset.read.open import open_dataset
 from tests.fakehub.server import running_hub
 from tests.fakehub.tools import client_subprocess_env, hub_client_env, make_rows, write_built_dataset
 from tests.fixtures.builds import config, content_hash
@@ -96,7 +96,7 @@ def test_a_damaged_shard_is_named_refused_and_repaired(finished, tiny_model, bac
         with pytest.raises(IntegrityError, match=named.replace(".", r"\.")):
             open_dataset(out)
         with pytest.raises(IntegrityError, match=named.replace(".", r"\.")):
-            load_verified(out, streaming=True)
+            open_dataset(out, streaming=True)
 
     s = build(config(tiny_model), out, backend=backend, progress=False)
     assert (s.parts_built, s.parts_skipped) == ((0, 6) if fault == "duplicate" else (1, 5))
@@ -221,10 +221,10 @@ def test_a_published_version_is_verified_after_download(finished, tmp_path):
             if branch != "changed":
                 for streaming in (True, False):
                     with pytest.raises(IntegrityError, match="train-00002"):
-                        load_verified(REPO, revision=branch, streaming=streaming)
+                        open_dataset(REPO, revision=branch, streaming=streaming)
         r = subprocess.run(cli[:-1] + ["changed"], capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 1 and "content hash" in r.stdout and SHARD in r.stdout
-        good = load_verified(REPO, revision="v1.0", streaming=True)
+        good = open_dataset(REPO, revision="v1.0", streaming=True)
         assert sum(1 for _ in good) == 24
 
 

@@ -24,7 +24,7 @@ from hs_dataset.read.iterate import iter_torch
 from hs_dataset.read.open import open_dataset
 from hs_dataset.read.safe_views import MIN_MAP_BYTES
 from hs_dataset.read.torch_format import TORCH_FORMAT
-from tests.read.test_storage_bench import _small_build
+from tests.fixtures.builds import random_build
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def large(tmp_path_factory) -> dict[str, Path]:
     mappings, not copies; parts of 2 rows, so 3 shard files."""
     d = tmp_path_factory.mktemp("large")
     assert 1100 * 1024 >= MIN_MAP_BYTES
-    return {dtype: _small_build(d, samples=5, tokens=1100, hidden=1024, name=dtype, part_size=2, storage_dtype=dtype)
+    return {dtype: random_build(d, samples=5, tokens=1100, hidden=1024, name=dtype, part_size=2, storage_dtype=dtype)
             for dtype in ("bfloat16", "fp8_e4m3")}
 
 
@@ -70,7 +70,8 @@ def private_map_of(t):
             return f[5].strip()
 
 opened = {"open_dataset": open_dataset(path), "load_dataset(dir)": datasets.load_dataset(path, split="train", cache_dir=cache),
-          "streaming": datasets.load_dataset(path, split="train", streaming=True)}
+          "streaming": datasets.load_dataset(path, split="train", streaming=True),
+          "open_dataset(streaming=True)": open_dataset(path, streaming=True)}
 for how, ds in opened.items():
     ref = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in r.items()} for r in iter_torch(ds)]
     reads = {"iter_torch": iter_torch(ds, batch_size=2), "iter_torch(prefetch=0)": iter_torch(ds, prefetch=0),
@@ -106,7 +107,7 @@ def test_in_place_ops_on_every_column_never_crash_nor_touch_the_files(which, dem
     r = subprocess.run([sys.executable, "-c", INPLACE, str(path), str(cache), "1" if mapped else "0"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    assert r.stdout.count("survived") == 3, r.stdout
+    assert r.stdout.count("survived") == 4, r.stdout
     assert _file_hashes(path, cache) == before and len(before) >= 2
 
 
@@ -136,13 +137,14 @@ def test_dataloader_workers_over_open_dataset_and_streaming(large):
     assert len(batches) == 3
     for k, batch in enumerate(batches):
         _check_batch(batch, ref[2 * k:2 * k + 2])
-    stream = datasets.load_dataset(str(path), split="train", streaming=True).with_format(TORCH_FORMAT)
-    assert stream.num_shards >= 2  # datasets gives each worker its own shard files
-    by_id, seen = {r["id"]: r for r in ref}, []
-    for ids, batch in DataLoader(stream, batch_size=2, num_workers=2, collate_fn=_ids_and_batch):
-        _check_batch(batch, [by_id[i] for i in ids])
-        seen += ids
-    assert sorted(seen) == sorted(by_id)
+    for stream in (datasets.load_dataset(str(path), split="train", streaming=True), open_dataset(path, streaming=True)):
+        stream = stream.with_format(TORCH_FORMAT)
+        assert stream.num_shards >= 2  # each worker gets its own shards
+        by_id, seen = {r["id"]: r for r in ref}, []
+        for ids, batch in DataLoader(stream, batch_size=2, num_workers=2, collate_fn=_ids_and_batch):
+            _check_batch(batch, [by_id[i] for i in ids])
+            seen += ids
+        assert sorted(seen) == sorted(by_id)
 
 
 def test_torch_format_gives_bf16_tensors_where_with_format_torch_gives_int64(demo):

@@ -1,4 +1,4 @@
-"""Smoke test: benchmarks/storage.py runs end to end at a tiny size and reports every figure."""
+"""Smoke tests: benchmarks/storage.py and benchmarks/reads.py run end to end at a tiny size and report every figure."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.fixtures.builds import random_build
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,11 +18,11 @@ def test_storage_benchmark_quick(tmp_path):
                         str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     text = p.stdout
-    for section in ("WRITE", "READ", "SIZE", "PARQUET SETTINGS", "FP8 ERROR", "MEMORY", "SUMMARY"):
+    for section in ("WRITE", "SIZE", "PARQUET SETTINGS", "FP8 ERROR", "MEMORY", "SUMMARY"):
         assert section in text, section
     r = json.loads(out.read_text())
     s = r["summary"]
-    for k in ("write", "read_map", "read_stream", "size", "fp8_ratio", "memory"):
+    for k in ("write", "size", "fp8_ratio", "memory"):
         assert s[k] > 0, k
     # sizes are exact, whatever the machine: bf16 Arrow carries the payload plus offsets and ids
     # (1.2% at H=256, 0.04% at Kimi's H=7168), fp8 is about half of it
@@ -34,28 +36,6 @@ def test_storage_benchmark_quick(tmp_path):
 
 # --- the read-path pieces the benchmark measures -------------------------------------------------
 
-def _small_build(tmp_path: Path, samples: int = 6, tokens: int = 32, hidden: int = 64, name: str = "ds",
-                 **overrides) -> Path:
-    """A build of random states (benchmarks/storage.py's backend) in ``tmp_path/name``; ``overrides``: config fields."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import storage
-    finally:
-        sys.path.pop(0)
-    from hs_dataset.write.driver import build
-    from hs_dataset.config import HiddenStatesConfig
-
-    shape = storage.Shape(hidden, 3, tokens, samples)
-    model = storage.make_model_dir(tmp_path / "model", hidden)
-    source = storage.make_source(tmp_path / "src.jsonl", samples, tokens)
-    layers = shape.layers()
-    out = tmp_path / name
-    build(HiddenStatesConfig(model=str(model), layers=layers, source=str(source), max_length=tokens,
-                             **{"part_size": 4, **overrides}),
-          out, backend=storage.PrecomputedBackend(model, layers, storage.make_states(shape)), progress=False)
-    return out
-
-
 def test_open_dataset_maps_the_shards_in_place(tmp_path, monkeypatch):
     import torch
 
@@ -63,7 +43,7 @@ def test_open_dataset_maps_the_shards_in_place(tmp_path, monkeypatch):
     from hs_dataset.read.open import open_dataset
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
-    out = _small_build(tmp_path)
+    out = random_build(tmp_path)
     ds = open_dataset(out)
     assert len(ds) == 6
     assert sorted(Path(c["filename"]).resolve() for c in ds.cache_files) == \
@@ -144,3 +124,29 @@ def test_collator_reuses_a_batch_buffer_only_when_nothing_holds_it():
     assert c([sample(2048, 9.0), sample(2048, 9.0)])["aux_hidden_states"].data_ptr() != ptr
     off = DrafterCollator(reuse_buffers=False)
     assert off([sample(16, 1.0)])["hidden_states"].shape == (1, 16, H) and not off._pool
+
+
+def test_collator_reuses_two_buffers_in_a_training_loop_whatever_the_batch_length():
+    """``for batch in loader`` still holds the last batch while the next one is made: the collator keeps two
+    buffers per state, as large as the largest batch yet, and a shorter batch is a view of one of them."""
+    import torch
+
+    from hs_dataset.read.collate import DrafterCollator
+
+    H = 1024
+
+    def sample(T, v):
+        return {"input_ids": torch.arange(T, dtype=torch.int32), "loss_mask": torch.ones(T, dtype=torch.uint8),
+                "hidden_layer_1": torch.full((T, H), v, dtype=torch.bfloat16),
+                "hidden_final": torch.full((T, H), v + 1, dtype=torch.bfloat16)}
+
+    c, ptrs, batch = DrafterCollator(), set(), None
+    for k, T in enumerate((2048, 1500, 2048, 700, 2048, 300, 2048)):
+        previous = batch
+        batch = c([sample(T, float(k)), sample(T // 2, float(k))])
+        ptrs.add(batch["aux_hidden_states"].data_ptr())
+        assert batch["aux_hidden_states"].shape == (2, T, H) and float(batch["aux_hidden_states"][1, T // 2 - 1, 0]) == k
+        assert not batch["aux_hidden_states"][1, T // 2:].any()  # the padding written as zeros, whatever was there
+        if previous is not None:  # the batch still held was not written over
+            assert float(previous["hidden_states"][0, 0, 0]) == k
+    assert len(ptrs) == 2
