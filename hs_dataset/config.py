@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hs_dataset.errors import ConfigError
-from hs_dataset.layout import (BACKENDS, FILE_FORMATS, MASK_MODES, NONFINITE_POLICIES, RESPONSES_MODES, SAMPLE_ID_MODES,
-                               STORAGE_DTYPES, TRUNCATION_MODES, FileFormat, MaskMode, NonfinitePolicy, ResponsesMode,
-                               SampleIdMode, StorageDtype, TruncationMode)
+from hs_dataset.layout import (BACKENDS, DUPLICATES_POLICIES, FILE_FORMATS, MASK_MODES, NONFINITE_POLICIES,
+                               RESPONSES_MODES, SAMPLE_ID_MODES, STORAGE_DTYPES, TRUNCATION_MODES, DuplicatesPolicy,
+                               FileFormat, MaskMode, NonfinitePolicy, ResponsesMode, SampleIdMode, StorageDtype,
+                               TruncationMode)
 
 __all__ = ["CHOICES", "CONTENT_FIELDS", "GenerationOptions", "HiddenStatesConfig", "coerce_field", "config_fields",
            "describe_type", "did_you_mean", "field_types"]
@@ -123,6 +124,8 @@ class HiddenStatesConfig:
     backend_options: dict[str, Any] = _f(dict, "the backend's options (e.g. tp_size, ring_bytes, engine_args)")
     storage_dtype: StorageDtype = _f("bfloat16", "exact bf16 bits, or fp8 e4m3 with a per-token scale (half the bytes)")
     on_nonfinite: NonfinitePolicy = _f("fail", "NaN/Inf in a state: stop the build (fail) or reject the sample")
+    duplicates: DuplicatesPolicy = _f("keep", "a sample with the token ids and loss mask of an earlier one: capture it "
+                                              "again (keep; counted in hs_dataset.json) or reject it (skip)")
     max_samples: int | None = _f(None, "build at most this many source rows (default: all)")
     part_size: int = _f(256, "source rows per resumable part")
     writer_batch_bytes: int = _f(64 * 2**20, "Arrow record batch budget; a row this big goes alone, without a copy")
@@ -155,12 +158,17 @@ class HiddenStatesConfig:
             GenerationOptions.from_config(self.generation)  # unknown or bad options fail here
         elif self.generation:
             raise ConfigError("generation options are set but responses='source': set responses=regenerate")
+        if self.duplicates == "skip" and self.responses == "regenerate":
+            raise ConfigError("duplicates=skip needs responses=source: regenerated replies are not known before "
+                              "capture (keep them: --set duplicates=keep)", field="duplicates", value=self.duplicates)
 
     def content_key(self) -> dict[str, Any]:
         """The fields that decide the rows; a resumed build must match them exactly."""
         key = {k: (list(v) if isinstance(v, tuple) else v) for k, v in ((k, getattr(self, k)) for k in CONTENT_FIELDS)}
         if self.responses != "source":  # only then: builds made before regeneration existed keep their key
             key.update(responses=self.responses, generation=GenerationOptions.from_config(self.generation).to_dict())
+        if self.duplicates != "keep":  # likewise: builds made before duplicates existed keep their key
+            key["duplicates"] = self.duplicates
         return key
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,7 +181,7 @@ class HiddenStatesConfig:
 CHOICES: dict[str, tuple[str, ...]] = {
     "mask": MASK_MODES, "truncation": TRUNCATION_MODES, "on_nonfinite": NONFINITE_POLICIES,
     "sample_id": SAMPLE_ID_MODES, "file_format": FILE_FORMATS, "storage_dtype": STORAGE_DTYPES,
-    "responses": RESPONSES_MODES,
+    "responses": RESPONSES_MODES, "duplicates": DUPLICATES_POLICIES,
 }
 CONTENT_FIELDS = ("model", "model_revision", "tokenizer", "layers", "max_length", "source", "sample_id", "mask",
                   "truncation", "backend", "storage_dtype", "on_nonfinite", "part_size", "file_format")

@@ -9,7 +9,7 @@ import numpy as np
 
 from hs_dataset.write.shares import share_parts
 from hs_dataset.cli.options import add_config_args, make_config
-from hs_dataset.cli.render import histogram, print_rejects, size, table
+from hs_dataset.cli.render import duplicates_line, histogram, print_rejects, size, table
 from hs_dataset.scale.launchers import worker_count
 
 __all__ = ["cmd_plan", "duration", "register", "show_plan"]
@@ -64,12 +64,15 @@ def show_plan(config, a: argparse.Namespace) -> int:
         for line in histogram(lengths):
             print(line)
     print_rejects([r.to_dict() for r in p.rejects], p.rows)
+    rate, what = _rate_line(p, getattr(a, "tok_per_s", None))
+    d = p.duplicates
+    print(duplicates_line(d.same_ids, d.same_rows, d.tokens, config.duplicates,
+                          prefill=duration(d.tokens / rate) if rate and d.tokens else None))
     print("on disk (states + input_ids + loss_mask):")
     rows = [(d + (" (this build)" if d == config.storage_dtype else ""), f"{p.bytes_per_token(d):,} B/token",
              size(n)) for d, n in p.bytes_on_disk().items()]
     for line in table(("storage_dtype", "per token", "total"), rows):
         print(line)
-    rate, what = _rate_line(p, getattr(a, "tok_per_s", None))
     if rate:
         bpt = p.bytes_per_token(config.storage_dtype)
         print(f"time:     {duration(p.tokens / rate)} of prefill at {what}. At that rate the build writes "

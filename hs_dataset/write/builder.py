@@ -24,8 +24,10 @@ from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
 from hs_dataset.codec.encode import ARROW_MAX_ELEMENTS, bytes_per_token, encode_row, make_features, row_table
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import ConfigError, NonFiniteError, SampleError
+from hs_dataset.integrity.stats import PartStatistics, StatsCollector
 from hs_dataset.layout import state_columns
 from hs_dataset.model_info import ModelInfo
+from hs_dataset.prepare.duplicates import skip_duplicates
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.records import Counts, Reject, TokenizedSample
 
@@ -86,6 +88,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         self._stream = stream
         self.counts = Counts()
         self.rejects: list[Reject] = []
+        self.statistics: PartStatistics | None = None  # of the rows written, once generation ends
         super().__init__(*args, **kwargs)  # calls _info()
         self._writer_batch_size = writer_batch_rows(self.resolved.config, self.resolved.info)
 
@@ -134,8 +137,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 self._reject(r)
 
             r = self.resolved
-            for _, sample in tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(start, stop)], reject,
-                                               generator=backend):
+            for _, sample in skip_duplicates(tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(start, stop)],
+                                                               reject, generator=backend), r.duplicate_rows, reject):
                 self.counts.samples_in += 1
                 yield sample
 
@@ -148,6 +151,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         backend = self._backend or make_backend(cfg.backend, self.resolved.info, self.layers,
                                                 options=cfg.backend_options, trust_remote_code=cfg.trust_remote_code)
         cols = state_columns(self.layers)
+        stats = StatsCollector(cols, self.resolved.info.hidden_size, cfg.max_length)
         i = 0
         try:
             for item in self._items(backend, start, stop):
@@ -166,11 +170,14 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                     continue
                 self.counts.written += 1
                 self.counts.tokens_written += item.sample.num_tokens
+                stats.add(row)  # on its worker thread, while the row is written
                 yield Key(0, i), row_table(row, schema)
                 i += 1
                 if self._on_row is not None:
                     self._on_row(item.sample.num_tokens, item.states.numel() * item.states.element_size())
+            self.statistics = stats.result()
         finally:
+            stats.close()
             if own:
                 backend.close()
         self.counts.check()

@@ -7,6 +7,7 @@ from typing import Iterator
 
 from hs_dataset.write.resolve import ResolvedBuild
 from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
+from hs_dataset.prepare.duplicates import skip_duplicates
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.records import Reject, TokenizedSample
 
@@ -29,8 +30,9 @@ class CaptureStream:
 
         def samples() -> Iterator[TokenizedSample]:
             r = resolved
-            for index, sample in tokenized_samples(r.config, r.tokenizer, r.vocab_size, list(ranges),
-                                                   self._early_rejects.__setitem__, generator=backend):
+            early = self._early_rejects.__setitem__
+            for index, sample in skip_duplicates(tokenized_samples(r.config, r.tokenizer, r.vocab_size, list(ranges),
+                                                                   early, generator=backend), r.duplicate_rows, early):
                 self._order.append(index)
                 yield sample
 

@@ -60,6 +60,7 @@ class GeneratedPart:
     counts: Counts
     rejects: list[dict]
     backend_versions: dict[str, str]
+    quality: dict | None = None  # the rows' statistics (hs_dataset.integrity.stats.PartStatistics)
 
 
 def _staging(state: Path, i: int) -> Path:
@@ -102,7 +103,9 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
     except BaseException:
         _discard_part(out, state, i, config.file_format)
         raise
-    return GeneratedPart(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions())
+    quality = builder.statistics.to_dict() if builder.statistics is not None else None
+    return GeneratedPart(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions(),
+                         quality)
 
 
 def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
@@ -125,7 +128,8 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
             os.replace(src, out / DATA_DIR / f["name"])
         fsync_dir(out / DATA_DIR)
         record = {"part": g.i, "start": g.start, "stop": g.stop, "files": files,
-                  "counts": dataclasses.asdict(g.counts), "rejects": g.rejects, "backend_versions": g.backend_versions}
+                  "counts": dataclasses.asdict(g.counts), "rejects": g.rejects, "backend_versions": g.backend_versions,
+                  "quality": g.quality}
         atomic_write(record_path, json.dumps(record))  # the commit point of this part
     except BaseException:
         _discard_part(out, state, g.i, ext)

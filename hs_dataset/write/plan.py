@@ -24,11 +24,13 @@ from hs_dataset.codec.encode import bytes_per_token
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo
+from hs_dataset.prepare.duplicates import DuplicateIndex, duplicate_reject, token_digests
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.prepare.source_spec import count_rows
 from hs_dataset.records import Reject
 
-__all__ = ["MEASURED_RATES", "BuildPlan", "MeasuredRate", "ROW_BYTES_PER_TOKEN", "estimate_rate", "plan_build"]
+__all__ = ["MEASURED_RATES", "BuildPlan", "MeasuredRate", "ROW_BYTES_PER_TOKEN", "estimate_rate", "plan_build",
+           "rate_for"]
 
 ROW_BYTES_PER_TOKEN = 5  # input_ids (int32) + loss_mask (uint8), besides the states
 
@@ -53,9 +55,14 @@ MEASURED_RATES = (
 
 def estimate_rate(info: ModelInfo) -> tuple[float, MeasuredRate] | None:
     """The measured rate of the shape with ``info``'s width, scaled to its depth; None for other widths."""
+    return rate_for(info.hidden_size, info.num_layers)
+
+
+def rate_for(hidden_size: int, num_layers: int) -> tuple[float, MeasuredRate] | None:
+    """:func:`estimate_rate` for a model of this width and depth."""
     for r in MEASURED_RATES:
-        if r.hidden_size == info.hidden_size:
-            return r.tokens_per_second * r.num_layers / info.num_layers, r
+        if r.hidden_size == hidden_size:
+            return r.tokens_per_second * r.num_layers / num_layers, r
     return None
 
 
@@ -75,6 +82,7 @@ class BuildPlan:
     part_samples: list[int] = field(default_factory=list)
     part_tokens: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    duplicates: DuplicateIndex = field(default_factory=DuplicateIndex)  # samples repeating an earlier one's tokens
 
     @property
     def tokens(self) -> int:
@@ -123,6 +131,11 @@ def plan_build(config: HiddenStatesConfig) -> BuildPlan:
 
     for index, sample in tokenized_samples(cfg, resolved.tokenizer, resolved.vocab_size,
                                            [(s, e) for _, s, e in ranges], reject):
+        dup = plan.duplicates.add(index, sample.sample_id, token_digests(sample.input_ids, sample.loss_mask),
+                                  sample.num_tokens)
+        if dup is not None and dup.same_mask and config.duplicates == "skip":  # as the build will
+            plan.rejects.append(duplicate_reject(sample.sample_id, dup.first_id))
+            continue
         p = index // config.part_size
         plan.lengths.append(sample.num_tokens)
         plan.masked_tokens += int(sample.loss_mask.sum())
