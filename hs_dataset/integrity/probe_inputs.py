@@ -52,7 +52,9 @@ class StoredRow:
 def _decode(row: dict[str, Any], column: str) -> torch.Tensor:
     bits = torch.from_numpy(np.array(row[column]))  # a copy: the shard's mapping may close
     if bits.dtype == torch.uint8:
-        return fp8_decode(bits, torch.from_numpy(np.array(row[scale_column(column)], dtype=np.float32)))
+        scale = torch.from_numpy(np.array(row[scale_column(column)], dtype=np.float32))
+        n = min(bits.shape[0], scale.shape[0])  # a row of inconsistent lengths is named, not decoded past its end
+        return fp8_decode(bits[:n], scale[:n])
     return bits.view(torch.bfloat16)
 
 

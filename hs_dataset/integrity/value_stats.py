@@ -1,27 +1,27 @@
 """One stored state's statistics (:class:`ColumnStats`): the kernels that count a ``[T, H]`` state fast.
 
 A state is read in chunks of :data:`CHUNK` values into one reused float32 buffer (4 MiB: it stays in
-the cache while a chunk is summed, its square summed and its extremes found): per chunk a float32 sum,
-a float32 dot product and ``aminmax``, the sums added up in float64. bf16 bits convert to float32 in
-one copy. fp8 e4m3 codes are decoded without a lookup table (numpy's ``take`` costs 2 ns a value):
-the code's 7 magnitude bits shifted left by 20 are a float32 with the same exponent and mantissa
-fields, which is the fp8 value times 2^-120 for normal and subnormal codes alike, so a shift, an OR
-of the sign and one multiplication by ``2^120 * scale`` give ``code * scale`` exactly (measured on one
-core of the 2-core VM: a Kimi-width state, 2048 x 7168, in ~9 ms as bf16 and ~30 ms as fp8). Non-finite
-values (bf16 NaN/Inf, the fp8 NaN codes 0x7F/0xFF, a token whose scale is not finite) are counted and
-left out of the sums; the fast path finds them from the chunk's sum.
+the cache while a chunk is summed, its square summed and its extremes found), all in numpy: per chunk
+pairwise float32 sums of the values and of their squares, the minimum and the maximum, the sums added
+up in float64. numpy reduces on the calling thread alone, so the sums are the same however many
+threads a process has (a build split over workers gives a single-worker build's statistics, bit for
+bit). Decoding takes no lookup table (numpy's ``take`` costs 2 ns a value): bf16 bits shifted left by
+16 are the float32 of the same value; an fp8 e4m3 code's 7 magnitude bits shifted left by 20 are a
+float32 with the same exponent and mantissa fields, which is the fp8 value times 2^-120 for normal
+and subnormal codes alike, so a shift, an OR of the sign and two multiplications (by 2^120, by the
+token's scale) give ``code * scale``. Costs: ``benchmarks/stats_overhead.py``. Non-finite values (bf16
+NaN/Inf, the fp8 NaN codes 0x7F/0xFF, a token whose scale is not finite) are counted and left out of
+the sums; the fast path finds them from the chunk's sum.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from hs_dataset.codec.fp8 import FP8_MAX
 from hs_dataset.layout import scale_column
@@ -91,37 +91,41 @@ class _Buffers(threading.local):
     def __init__(self) -> None:
         self.u32 = np.empty(CHUNK, np.uint32)
         self.f32 = self.u32.view(np.float32)
-        self.tensor = torch.from_numpy(self.f32)
         self.scratch = np.empty(CHUNK, np.uint32)
 
 
 _BUFFERS = _Buffers()
 
 
-def _reduce(b: torch.Tensor, s: ColumnStats) -> None:
-    """Add a float32 chunk ``b`` (zeroed in place where not finite) to ``s``."""
-    total = float(b.sum())
+def _reduce(f: np.ndarray, s: ColumnStats) -> None:
+    """Add a float32 chunk ``f`` (zeroed in place where not finite) to ``s``. numpy's reductions run on
+    this thread alone (pairwise sums), so the result does not depend on how many threads there are."""
+    total = float(np.sum(f))
     if not math.isfinite(total):  # rare: count, then leave the non-finite values out
-        nan, inf = torch.isnan(b), torch.isinf(b)
-        s.nan += int(nan.sum())
-        s.inf += int(inf.sum())
-        b.masked_fill_(nan | inf, 0.0)
-        total = float(b.sum())
+        nan, inf = np.isnan(f), np.isinf(f)
+        s.nan += int(np.count_nonzero(nan))
+        s.inf += int(np.count_nonzero(inf))
+        f[nan | inf] = 0.0
+        total = float(np.sum(f))
+    square = _BUFFERS.scratch.view(np.float32)[:f.size]
+    np.multiply(f, f, out=square)
     s.sum += total
-    s.sumsq += float(torch.dot(b, b))
-    lo, hi = torch.aminmax(b)
-    s.absmax = max(s.absmax, -float(lo), float(hi))
+    s.sumsq += float(np.sum(square))
+    s.absmax = max(s.absmax, -float(np.min(f)), float(np.max(f)))
 
 
-def _bf16_stats(x: torch.Tensor) -> ColumnStats:
-    flat = x.reshape(-1)
-    s = ColumnStats(values=flat.numel())
-    for k in range(0, flat.numel(), CHUNK):
-        b = _BUFFERS.tensor[:min(CHUNK, flat.numel() - k)]
-        b.copy_(flat[k:k + b.numel()])
-        _reduce(b, s)
+def _bf16_stats(bits: np.ndarray) -> ColumnStats:
+    flat = bits.reshape(-1)
+    s = ColumnStats(values=flat.size)
+    for k in range(0, flat.size, CHUNK):
+        n = min(CHUNK, flat.size - k)
+        u = _BUFFERS.u32[:n]
+        np.copyto(u, flat[k:k + n], casting="unsafe")
+        np.left_shift(u, 16, out=u)  # bf16 bits are the high half of the float32 with the same value
+        f = _BUFFERS.f32[:n]
+        _reduce(f, s)
         if s.absmax >= FP8_MAX:
-            s.fp8_limit += int((b.abs() >= FP8_MAX).sum())
+            s.fp8_limit += int(np.count_nonzero(np.abs(f) >= FP8_MAX))
     return s
 
 
@@ -153,7 +157,7 @@ def _fp8_stats(q: np.ndarray, scale: np.ndarray) -> ColumnStats:
             f[~ok] = 0.0
             sc = np.where(ok, sc, np.float32(0.0))
         f *= sc[:, None]
-        _reduce(_BUFFERS.tensor[:n * H], s)
+        _reduce(_BUFFERS.f32[:n * H], s)
     return s
 
 
@@ -163,6 +167,4 @@ def column_stats(row: dict[str, Any], column: str) -> ColumnStats:
     bits = np.asarray(row[column])
     if bits.dtype == np.uint8:
         return _fp8_stats(bits, np.asarray(row[scale_column(column)], dtype=np.float32))
-    with warnings.catch_warnings():  # a shard's read-only mapping: only read here, never written
-        warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
-        return _bf16_stats(torch.from_numpy(bits).view(torch.bfloat16))
+    return _bf16_stats(bits.view(np.uint16))
