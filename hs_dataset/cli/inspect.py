@@ -56,9 +56,10 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         if recorded:
             print(f"states:    every value, counted while the build wrote it ({meta['storage_dtype']}); mean token "
                   f"norm over {len(stats.sampled_rows)} sampled rows ({n_tok:,} tokens):")
-            rows = [(c, f"{s['mean']:.4g}", f"{s['std']:.4g}", f"{s['absmax']:.4g}", f"{s['nan']:,}", f"{s['inf']:,}",
-                     f"{s['fp8_limit_share']:.2%}", norms.get(c, "n/a")) for c, s in recorded["columns"].items()]
-            head = ("column", "mean", "std", "absmax", "NaN", "Inf", "at fp8 limit", "mean token norm")
+            rows: list[tuple[str, ...]] = [
+                (c, f"{s['mean']:.4g}", f"{s['std']:.4g}", f"{s['absmax']:.4g}", f"{s['nan']:,}", f"{s['inf']:,}",
+                 f"{s['fp8_limit_share']:.2%}", norms.get(c, "n/a")) for c, s in recorded["columns"].items()]
+            head: tuple[str, ...] = ("column", "mean", "std", "absmax", "NaN", "Inf", "at fp8 limit", "mean token norm")
         else:
             print(f"states:    {len(stats.sampled_rows)} of {stats.rows:,} rows sampled ({n_tok:,} tokens), as bf16 "
                   "(this build records no statistics):")

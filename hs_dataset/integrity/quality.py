@@ -25,8 +25,15 @@ __all__ = ["ProbeOptions", "recorded_probe_problems", "record_probe", "run_check
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    """How ``verify`` probes: ``rows`` to re-run (0: no probe), ``seed``, and the ``model`` directory,
-    ``source`` and ``device`` when not the recorded ones (see :func:`hs_dataset.integrity.probe.run_probe`)."""
+    """How ``verify`` probes (:func:`hs_dataset.integrity.probe.run_probe`).
+
+    Attributes:
+        rows: rows to re-run through the reference backend (0: no probe; all rows when the build has fewer).
+        seed: which rows (the same seed draws the same rows).
+        model: the model directory (default: the path the build recorded).
+        source: the source to retokenize for the token and mask check (default: the recorded one).
+        device: the reference backend's device (default: cuda when there is one).
+    """
 
     rows: int = 0
     seed: int = 0

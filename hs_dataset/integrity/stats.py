@@ -17,7 +17,7 @@ recounted from the shards (:mod:`hs_dataset.integrity.scan`) equal these (up to 
 another machine: :data:`hs_dataset.integrity.summary.REL_TOLERANCE`). Rows are counted on
 :func:`stats_workers` worker threads (the kernels release the GIL) while the next rows are written,
 and added up in row order, so the sums do not depend on the number of workers; at most
-``2 * workers`` rows wait (what keeps the capture's memory referenced).
+``workers + 2`` rows wait (what keeps the capture's memory referenced).
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ LENGTH_BINS = 32
 
 
 def stats_workers() -> int:
-    """Threads counting rows: a quarter of the CPUs, 1 to 4 (a Kimi-width fp8 row takes ~120 ms on one
-    core, and an fp8 build at that width writes ~22 rows a second on one H200)."""
-    return max(1, min(4, (os.cpu_count() or 1) // 4))
+    """Threads counting rows: half the CPUs, 1 to 8. A Kimi-width row (4 states x 2048 tokens) took 115-130 ms
+    as bf16 and 175-190 ms as fp8 on one core of the 2-core VM (``benchmarks/stats_overhead.py``), and one
+    H200 builds ~11 such rows a second in bf16, ~22 in fp8 (README): 3-4 threads keep up with fp8 there."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
 @dataclass
@@ -116,7 +117,7 @@ class StatsCollector:
         n = stats_workers() if workers is None else workers
         self._pool = cf.ThreadPoolExecutor(n, thread_name_prefix="hs_dataset-stats") if n else None
         self._pending: deque[cf.Future] = deque()
-        self._most = 2 * n
+        self._most = n + 2  # rows waiting: what they reference (the capture's memory) stays held
 
     def add(self, row: dict[str, Any]) -> None:
         """Count one encoded row (read, never changed; it stays referenced until counted)."""

@@ -31,6 +31,7 @@ __all__ = ["CHUNK", "ColumnStats", "column_stats", "saturation_limit"]
 CHUNK = 1 << 20  # values per chunk
 _LIMIT_CODE, _NAN_CODE = 0x7E, 0x7F  # e4m3fn magnitudes: 0x7E is 448, 0x7F is NaN
 _P120 = np.float32(2.0 ** 120)
+_SCALE_FITS = 2.0 ** 7  # below it, 2^120 * scale is a finite float32 (and so is every product with a code)
 
 
 def saturation_limit(hidden: int) -> float:
@@ -148,7 +149,6 @@ def _fp8_stats(q: np.ndarray, scale: np.ndarray) -> ColumnStats:
         np.left_shift(u, 20, out=u)
         np.bitwise_or(u, sign, out=u)
         f = _BUFFERS.f32[:n * H].reshape(n, H)
-        f *= _P120
         ok = np.isfinite(sc)
         if nan or not ok.all():  # rare: NaN codes, tokens whose scale is not finite (all their values count)
             s.nan += int(np.count_nonzero(nan_codes[ok])) + H * int(np.count_nonzero(np.isnan(sc)))
@@ -156,7 +156,11 @@ def _fp8_stats(q: np.ndarray, scale: np.ndarray) -> ColumnStats:
             f[nan_codes] = 0.0
             f[~ok] = 0.0
             sc = np.where(ok, sc, np.float32(0.0))
-        f *= sc[:, None]
+        if sc.size and float(np.max(np.abs(sc))) < _SCALE_FITS:  # one multiplication by 2^120 * scale
+            np.multiply(f, (sc * _P120)[:, None], out=f)
+        else:  # 2^120 * scale would overflow float32: two
+            f *= _P120
+            f *= sc[:, None]
         _reduce(_BUFFERS.f32[:n * H], s)
     return s
 

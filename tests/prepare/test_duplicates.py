@@ -63,7 +63,7 @@ def test_plan_counts_the_duplicates_and_their_cost(tiny_model, tmp_path):
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("duplicates:"))
     tokens = sum(plan.lengths[i] for i in (7, 9, 10, 11))
-    assert f"4 samples repeat an earlier sample's token ids (3 with its loss mask too" in line
+    assert "4 samples repeat an earlier sample's token ids (3 with its loss mask too" in line
     assert f"{tokens:,} tokens, {tokens / 100:.1f}s of prefill" in line and "duplicates=keep" in line
 
 
