@@ -32,7 +32,7 @@ from hs_dataset._version import __version__
 from hs_dataset.capture.transformers import TransformersBackend
 from hs_dataset.errors import MissingPathError
 from hs_dataset.integrity.parity import THRESHOLDS, Thresholds, compare, explain_shift
-from hs_dataset.integrity.probe_inputs import StoredRow, expected_tokens, pick_rows, probe_config, read_rows
+from hs_dataset.integrity.probe_inputs import Expected, StoredRow, expected_tokens, pick_rows, probe_config, read_rows
 from hs_dataset.integrity.scan import Found
 from hs_dataset.layout import DATA_DIR, state_columns
 from hs_dataset.records import TokenizedSample
@@ -125,15 +125,21 @@ class ProbeReport:
                 "hs_dataset": __version__, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def _check_tokens(r: StoredRow, want: TokenizedSample | None, others: dict[str, TokenizedSample]) -> list[str]:
-    """The stored tokens and mask of ``r`` against its source's (``want``; ``others``: the other probed samples')."""
+def _check_tokens(r: StoredRow, expected: Expected | None) -> list[str]:
+    """The stored tokens and mask of ``r`` against its source's (``expected``: every probed sample's, or None
+    when the source could not be read)."""
     ids, n = r.input_ids.astype(np.int64), len(r.input_ids)
     out = []
     if r.num_tokens != n or len(r.loss_mask) != n or any(s.shape[0] != n for s in r.states.values()):
         out.append(f"num_tokens {r.num_tokens}, {n} token ids, {len(r.loss_mask)} mask values, state rows "
                    f"{sorted({s.shape[0] for s in r.states.values()})}: they must all be equal")
-    if want is None:
+    if expected is None:
         return out
+    want = expected.get(r.sample_id)
+    if want is None:
+        return out + ["its sample id is not among its source's rows (the source changed, or the id is not its own)"]
+    if isinstance(want, str):
+        return out + [f"its source row gives no sample now ({want})"]
     exp = want.input_ids.astype(np.int64)
     if np.array_equal(ids, exp):
         if not np.array_equal(r.loss_mask.astype(np.uint8), want.loss_mask.astype(np.uint8)):
@@ -143,7 +149,8 @@ def _check_tokens(r: StoredRow, want: TokenizedSample | None, others: dict[str, 
     if n < len(exp) and np.array_equal(ids, exp[:n]):
         out.append(f"cut short: it holds the first {n} of the {len(exp)} tokens its source row gives")
         return out
-    owner = [sid for sid, s in others.items() if sid != r.sample_id and np.array_equal(s.input_ids.astype(np.int64), ids)]
+    owner = [sid for sid, s in expected.items() if sid != r.sample_id and not isinstance(s, str)
+             and np.array_equal(s.input_ids.astype(np.int64), ids)]
     if owner:
         out.append(f"it holds the token ids of sample {owner[0]}, not its own")
     else:
@@ -205,7 +212,7 @@ def run_probe(meta: dict[str, Any], where: str, n: int, shard_path: Callable[[di
     columns = state_columns(meta["layers"])
     rows = read_rows(meta, pick_rows(int(meta["counts"]["written"]), n, seed), shard_path)
     resolved = resolve_build(probe_config(meta, model, source))
-    expected, checked = expected_tokens(meta, resolved.config, resolved.tokenizer, resolved.vocab_size, rows)
+    expected, checked = expected_tokens(resolved.config, resolved.tokenizer, resolved.vocab_size, rows)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     report = ProbeReport(where, seed, dtype, th, device, model, checked)
     backend = TransformersBackend(resolved.info, meta["layers"], device=device, batch_tokens=batch_tokens,
@@ -222,7 +229,7 @@ def run_probe(meta: dict[str, Any], where: str, n: int, shard_path: Callable[[di
     for r, res in zip(rows, results):
         rp = RowProbe(r.row, r.sample_id, r.shard, r.part, r.num_tokens)
         report.rows.append(rp)
-        rp.problems += _check_tokens(r, expected.get(r.sample_id), expected)
+        rp.problems += _check_tokens(r, expected)
         if not hasattr(res, "states"):  # a reject: no tokens to run
             rp.problems.append(f"the reference backend cannot run it ({getattr(res, 'reason', res)})")
             continue

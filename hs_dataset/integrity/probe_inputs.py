@@ -5,7 +5,7 @@ source gives them today."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,17 +14,17 @@ import torch
 
 from hs_dataset.codec.encode import fp8_decode
 from hs_dataset.config import HiddenStatesConfig, config_fields
-from hs_dataset.errors import HsDatasetError, IntegrityError
+from hs_dataset.errors import HsDatasetError, IntegrityError, SampleError
 from hs_dataset.integrity.checksums import check_shard
 from hs_dataset.integrity.scan import iter_shard_rows
 from hs_dataset.layout import DATA_DIR, MESSAGES_COLUMN, SHARD_RE, scale_column, state_columns
 from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.loss_mask import tokenize_sample
-from hs_dataset.prepare.samples import tokenized_samples
+from hs_dataset.prepare.sources import iter_source
 from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.records import SourceRow, TokenizedSample
 
-__all__ = ["StoredRow", "expected_tokens", "hub_shard", "pick_rows", "read_rows"]
+__all__ = ["Expected", "StoredRow", "expected_tokens", "hub_shard", "pick_rows", "read_rows"]
 
 
 def pick_rows(total: int, n: int, seed: int) -> list[int]:
@@ -103,32 +103,53 @@ def probe_config(meta: dict[str, Any], model: str, source: str | None) -> Hidden
     return HiddenStatesConfig(**cfg)
 
 
-def expected_tokens(meta: dict[str, Any], config: HiddenStatesConfig, tokenizer: Any, vocab_size: int,
-                    rows: list[StoredRow]) -> tuple[dict[str, TokenizedSample], str]:
-    """Each probed sample's tokens and loss mask as the build would make them now: from its source row
-    (a regenerate build: from its stored ``messages``). -> ``({sample id: sample}, what was checked)``;
-    an empty dict with the reason when the source cannot be read here."""
-    found: dict[str, TokenizedSample] = {}
+Expected = dict[str, "TokenizedSample | str"]  # sample id -> its tokens now, or why its source row gives none
+
+
+def _tokens(parsed: Any, config: HiddenStatesConfig, tokenizer: Any, vocab_size: int) -> TokenizedSample | str:
     try:
-        if config.responses == "regenerate":
-            for r in rows:
+        return tokenize_sample(parsed, tokenizer, max_length=config.max_length, mask=config.mask,
+                               truncation=config.truncation, vocab_size=vocab_size)
+    except SampleError as e:
+        return f"{e.field}: {e.reason}"
+
+
+def expected_tokens(config: HiddenStatesConfig, tokenizer: Any, vocab_size: int,
+                    rows: list[StoredRow]) -> tuple[Expected | None, str]:
+    """Each probed sample's tokens and loss mask as the build would make them now: from its source row
+    (a regenerate build: from its stored ``messages``), reading the source once over the rows' range and
+    tokenizing only theirs. -> ``({sample id: sample, or why none}, what was checked)``; None with the
+    reason when the source cannot be read here."""
+    found: Expected = {}
+    if config.responses == "regenerate":
+        for r in rows:
+            try:
                 conv = parse_row(SourceRow(r.sample_id, 0, {"messages": json.loads(r.messages or "[]")}))
-                found[r.sample_id] = tokenize_sample(conv, tokenizer, max_length=config.max_length, mask=config.mask,
-                                                     truncation=config.truncation, vocab_size=vocab_size)
-            return found, "tokens and loss mask retokenized from the stored messages"
+            except (SampleError, ValueError) as e:
+                found[r.sample_id] = f"its stored messages do not parse ({e})"
+                continue
+            found[r.sample_id] = _tokens(conv, config, tokenizer, vocab_size)
+        return found, "tokens and loss mask retokenized from the stored messages"
+    try:
         resolve_source(config.source)
-        ranges = sorted({_source_range(config, r) for r in rows})
-        plain = replace(config, duplicates="keep")  # a skipped duplicate is never probed: it has no row
-        for _, sample in tokenized_samples(plain, tokenizer, vocab_size, list(ranges), lambda _i, _r: None):
-            found[sample.sample_id] = sample
-    except (HsDatasetError, OSError, ValueError) as e:
-        return {}, f"tokens and loss mask not checked: the source cannot be read here ({' '.join(str(e).split())[:160]}; " \
-                   "pass source=PATH / --source PATH)"
+        lo, hi = min(_source_range(config, r)[0] for r in rows), max(_source_range(config, r)[1] for r in rows)
+        wanted = {r.sample_id for r in rows}
+        for row in iter_source(config.source, start=lo, stop=hi, sample_id=config.sample_id):  # one pass
+            if row.sample_id in wanted:  # only the probed rows are parsed and tokenized
+                try:
+                    parsed = parse_row(row)
+                except SampleError as e:
+                    found[row.sample_id] = f"{e.field}: {e.reason}"
+                    continue
+                found[row.sample_id] = _tokens(parsed, config, tokenizer, vocab_size)
+    except (HsDatasetError, OSError) as e:
+        return None, f"tokens and loss mask not checked: the source cannot be read here " \
+                     f"({' '.join(str(e).split())[:160]}; pass --source PATH)"
     return found, f"tokens and loss mask retokenized from the source ({config.source})"
 
 
 def _source_range(config: HiddenStatesConfig, row: StoredRow) -> tuple[int, int]:
-    """The source rows to read for ``row``: its own (ids ``<name>:<index>``) or its part's (content-hash ids)."""
+    """The source rows holding ``row``: its own (ids ``<name>:<index>``) or its part's (content-hash ids)."""
     index = row.sample_id.rpartition(":")[2]
     if config.sample_id == "row" and index.isdigit():
         return int(index), int(index) + 1
