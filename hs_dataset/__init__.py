@@ -9,7 +9,8 @@ beside it. The entry points, imported lazily (``import hs_dataset`` pulls in nei
 * :func:`push_dataset` / :func:`list_versions`: publish versions to the Hub, list them;
 * :func:`open_dataset` (a local build or a published version), :func:`iter_torch`, :func:`decode_row`,
   :class:`DrafterCollator`: read for training;
-* :func:`verify_build` / :func:`verify_repo`: check a build or a version against its checksums;
+* :func:`verify_build` / :func:`verify_repo`: check a build or a version against its checksums, and what its
+  rows hold (``probe=ProbeOptions(rows=64)``: rows re-run through the reference backend; ``stats=True``);
 * :func:`export_dataset` (:func:`export_specforge`), :func:`import_dataset`: move data to and from
   SpecForge, speculators and ModelOpt;
 * :func:`build_share`, :func:`share_parts`, :func:`merge_shares`, :func:`build_with_ray`: one version
@@ -33,6 +34,7 @@ _EXPORTS = {
     "iter_torch": "hs_dataset.read.iterate", "decode_row": "hs_dataset.read.decode",
     "DrafterCollator": "hs_dataset.read.collate",
     "verify_build": "hs_dataset.integrity.verify", "verify_repo": "hs_dataset.integrity.verify",
+    "ProbeOptions": "hs_dataset.integrity.verify",
     "export_specforge": "hs_dataset.interop", "export_dataset": "hs_dataset.interop",
     "import_dataset": "hs_dataset.interop",
     "build_share": "hs_dataset.scale.worker", "share_parts": "hs_dataset.write.shares",
@@ -42,8 +44,8 @@ _EXPORTS = {
 _RENAMED = {"build_shard": "build_share", "shard_parts": "share_parts", "merge_shards": "merge_shares"}
 
 __all__ = [
-    "BuildSummary", "DrafterCollator", "HiddenStatesConfig", "__version__", "build", "build_share", "build_with_ray",
-    "decode_row", "export_dataset", "export_specforge", "import_dataset", "iter_torch", "list_versions",
+    "BuildSummary", "DrafterCollator", "HiddenStatesConfig", "ProbeOptions", "__version__", "build", "build_share",
+    "build_with_ray", "decode_row", "export_dataset", "export_specforge", "import_dataset", "iter_torch", "list_versions",
     "merge_shares", "open_dataset", "push_dataset", "share_parts", "verify_build", "verify_repo",
 ]
 
@@ -53,7 +55,7 @@ if TYPE_CHECKING:  # what the lazy __getattr__ below gives, for type checkers an
     from hs_dataset.config import HiddenStatesConfig
     from hs_dataset.hub.publish import push_dataset
     from hs_dataset.hub.versions import list_versions
-    from hs_dataset.integrity.verify import verify_build, verify_repo
+    from hs_dataset.integrity.verify import ProbeOptions, verify_build, verify_repo
     from hs_dataset.interop import export_dataset, export_specforge, import_dataset
     from hs_dataset.read.collate import DrafterCollator
     from hs_dataset.read.decode import decode_row

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hs_dataset.errors import ConfigError
-from hs_dataset.layout import (BACKENDS, FILE_FORMATS, MASK_MODES, NONFINITE_POLICIES, RESPONSES_MODES, SAMPLE_ID_MODES,
-                               STORAGE_DTYPES, TRUNCATION_MODES, FileFormat, MaskMode, NonfinitePolicy, ResponsesMode,
-                               SampleIdMode, StorageDtype, TruncationMode, parse_teacher)
+from hs_dataset.layout import (BACKENDS, DUPLICATES_POLICIES, FILE_FORMATS, MASK_MODES, NONFINITE_POLICIES,
+                               RESPONSES_MODES, SAMPLE_ID_MODES, STORAGE_DTYPES, TRUNCATION_MODES, DuplicatesPolicy,
+                               FileFormat, MaskMode, NonfinitePolicy, ResponsesMode, SampleIdMode, StorageDtype,
+                               TruncationMode, parse_teacher)
 
 __all__ = ["CHOICES", "CONTENT_FIELDS", "GenerationOptions", "HiddenStatesConfig", "coerce_field", "config_fields",
            "describe_type", "did_you_mean", "field_types"]
@@ -128,6 +129,8 @@ class HiddenStatesConfig:
                                    "positions (computed on the engine's GPU)")
     store_final: bool = _f(True, "store hidden_final; false (with teacher) leaves it out: the teacher replaces it")
     on_nonfinite: NonfinitePolicy = _f("fail", "NaN/Inf in a state: stop the build (fail) or reject the sample")
+    duplicates: DuplicatesPolicy = _f("keep", "a sample with the token ids and loss mask of an earlier one: capture it "
+                                              "again (keep; counted in hs_dataset.json) or reject it (skip)")
     max_samples: int | None = _f(None, "build at most this many source rows (default: all)")
     part_size: int = _f(256, "source rows per resumable part")
     tokenize_workers: int | None = _f(None, "processes that tokenize the source (chat template, tokenizer, loss mask), "
@@ -176,6 +179,9 @@ class HiddenStatesConfig:
             GenerationOptions.from_config(self.generation)  # unknown or bad options fail here
         elif self.generation:
             raise ConfigError("generation options are set but responses='source': set responses=regenerate")
+        if self.duplicates == "skip" and self.responses == "regenerate":
+            raise ConfigError("duplicates=skip needs responses=source: regenerated replies are not known before "
+                              "capture (keep them: --set duplicates=keep)", field="duplicates", value=self.duplicates)
 
     def content_key(self) -> dict[str, Any]:
         """The fields that decide the rows; a resumed build must match them exactly."""
@@ -186,6 +192,8 @@ class HiddenStatesConfig:
             key["row_tokens"] = self.row_tokens
         if self.responses != "source":  # only then: builds made before regeneration existed keep their key
             key.update(responses=self.responses, generation=GenerationOptions.from_config(self.generation).to_dict())
+        if self.duplicates != "keep":  # likewise: builds made before duplicates existed keep their key
+            key["duplicates"] = self.duplicates
         return key
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,7 +206,7 @@ class HiddenStatesConfig:
 CHOICES: dict[str, tuple[str, ...]] = {
     "mask": MASK_MODES, "truncation": TRUNCATION_MODES, "on_nonfinite": NONFINITE_POLICIES,
     "sample_id": SAMPLE_ID_MODES, "file_format": FILE_FORMATS, "storage_dtype": STORAGE_DTYPES,
-    "responses": RESPONSES_MODES,
+    "responses": RESPONSES_MODES, "duplicates": DUPLICATES_POLICIES,
 }
 CONTENT_FIELDS = ("model", "model_revision", "tokenizer", "layers", "max_length", "source", "sample_id", "mask",
                   "truncation", "backend", "storage_dtype", "on_nonfinite", "part_size", "file_format")

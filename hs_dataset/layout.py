@@ -20,7 +20,8 @@ import re
 from typing import Literal, get_args
 
 __all__ = [
-    "BACKENDS", "DAMAGED_FILE", "DATA_DIR", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES", "META_FILE",
+    "BACKENDS", "DAMAGED_FILE", "DATA_DIR", "DUPLICATES_FILE", "DUPLICATES_POLICIES", "DUPLICATE_STAGE",
+    "DuplicatesPolicy", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES", "META_FILE",
     "MESSAGES_COLUMN", "NONFINITE_POLICIES", "README_FILE", "REDACTED_FILE", "REJECTS_FILE", "RESPONSES_MODES",
     "SAMPLE_TOKENS_COLUMN", "TEACHER_IDS_COLUMN", "TEACHER_LOGPROBS_COLUMN", "TEACHER_LSE_COLUMN",
     "TOKEN_START_COLUMN", "parse_teacher",
@@ -40,6 +41,7 @@ FileFormat = Literal["arrow", "parquet"]
 StorageDtype = Literal["bfloat16", "fp8_e4m3"]  # exact bf16 bits, or fp8 e4m3 + a per-token scale
 BackendName = Literal["transformers", "sglang"]
 ResponsesMode = Literal["source", "regenerate"]  # assistant replies as in the source, or written by the target
+DuplicatesPolicy = Literal["keep", "skip"]  # a sample repeating an earlier one's ids and mask: capture it again, or not
 
 MASK_MODES: tuple[str, ...] = get_args(MaskMode)
 TRUNCATION_MODES: tuple[str, ...] = get_args(TruncationMode)
@@ -49,6 +51,7 @@ FILE_FORMATS: tuple[str, ...] = get_args(FileFormat)
 STORAGE_DTYPES: tuple[str, ...] = get_args(StorageDtype)
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 RESPONSES_MODES: tuple[str, ...] = get_args(ResponsesMode)
+DUPLICATES_POLICIES: tuple[str, ...] = get_args(DuplicatesPolicy)
 
 # -- files ---------------------------------------------------------------------------------------------
 META_FILE = "hs_dataset.json"  # exists only in a finished build (written last)
@@ -58,6 +61,8 @@ DATA_DIR = "data"
 STATE_DIR = ".hs_build"  # resume state: part records, staging, lock; never published
 DAMAGED_FILE = "damaged.json"  # in STATE_DIR: parts a full verify found damaged; the next build redoes them
 REDACTED_FILE = "redacted.json"  # in STATE_DIR: salted hashes of the credentials the build redacted
+DUPLICATES_FILE = "duplicates.json"  # in STATE_DIR: the rows duplicates=skip leaves out, with their originals
+DUPLICATE_STAGE = "duplicate"  # the reject stage of a sample duplicates=skip leaves out
 SHARD_RE = re.compile(r"^train-(\d{5,})-(\d{3,})\.(arrow|parquet)$")
 # A build made by many workers (hs_dataset.scale): OUT/.hs_build/shares/share-IIIII-of-NNNNN/ is the
 # resumable build of one worker's share of the parts; its own .hs_build/share.json says which share.

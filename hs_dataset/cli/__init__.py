@@ -7,7 +7,7 @@
     hs-dataset inspect demo_out [--plot demo.png]
     hs-dataset push demo_out org/name --version v1.0
     hs-dataset versions org/name
-    hs-dataset verify demo_out [--quick]          (or: hs-dataset verify org/name --revision v1.0)
+    hs-dataset verify demo_out [--quick] [--probe 64] [--stats]   (or: hs-dataset verify org/name@v1.0)
     hs-dataset export demo_out --to specforge|speculators|modelopt out [--layers 1,29,57]
     hs-dataset import out --from specforge|speculators|modelopt demo_back [--model DIR] [--layers 1,29,57]
 
@@ -36,6 +36,7 @@ from hs_dataset.cli.interop import register as register_interop
 from hs_dataset.cli.options import common_parser, load_preset, parse_value
 from hs_dataset.cli.plan import register as register_plan
 from hs_dataset.cli.scale import register as register_scale
+from hs_dataset.cli.verify import register as register_verify
 from hs_dataset.errors import BuildInterrupted, HsDatasetError
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_USER_ERROR", "cmd_build", "load_preset", "main", "make_parser",
@@ -55,7 +56,7 @@ def make_parser() -> argparse.ArgumentParser:
     ap.add_argument("--debug", action="store_true", help="show the traceback of an error (also: HS_DATASET_DEBUG=1)")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     common = common_parser()
-    for register in (register_plan, register_build, register_scale, register_inspect, register_hub,
+    for register in (register_plan, register_build, register_scale, register_inspect, register_hub, register_verify,
                      register_interop):
         register(sub, common)
     return ap

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from hs_dataset.write.rejects import read_rejects
 from hs_dataset.cli.hub import push
 from hs_dataset.cli.options import ConfigHelp, add_config_args, add_progress_arg, command_line, make_config
-from hs_dataset.cli.plan import show_plan
-from hs_dataset.cli.render import print_rejects, size
+from hs_dataset.cli.plan import duration, show_plan
+from hs_dataset.cli.render import duplicates_line, print_rejects, size
 from hs_dataset.cli.scale import add_build_args, scaleout_build, wants_scaleout
 from hs_dataset.errors import ConfigError, EmptyBuildError, RejectRateError
 from hs_dataset.hub.names import check_repo_id, check_version_name
-from hs_dataset.layout import REJECTS_FILE
+from hs_dataset.layout import DUPLICATE_STAGE, META_FILE, REJECTS_FILE
 
-__all__ = ["DEFAULT_MAX_REJECT_RATE", "cmd_build", "register"]
+__all__ = ["DEFAULT_MAX_REJECT_RATE", "cmd_build", "print_duplicates", "register"]
 
 # More than 1 in 10 rows rejected is nearly always a mistake (the source's schema, the chat template,
 # max_length with truncation=reject), not data worth publishing; README "Resume, rejects, faults" says why.
@@ -31,6 +32,22 @@ def _rate(text: str) -> float:
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"{text!r}: a fraction of the samples, 0 to 1 (e.g. 0.25)")
     return v
+
+
+def print_duplicates(out: str) -> None:
+    """The build's duplicate prompts (``hs_dataset.json``'s ``statistics.duplicates``) and their prefill cost."""
+    from hs_dataset.write.plan import rate_for  # deferred: imports torch, datasets
+
+    try:
+        meta = json.loads((Path(out) / META_FILE).read_text(encoding="utf-8"))
+        d = meta["statistics"]["duplicates"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no statistics (a share's build, an older part)
+    model = meta.get("model") or {}
+    rate = rate_for(int(model.get("hidden_size", 0)), int(model.get("num_layers", 1)))
+    prefill = f"~{duration(d['tokens'] / rate[0])} at one H200's measured rate" if rate and d["tokens"] else None
+    print(duplicates_line(int(d["same_ids"]), int(d["same_ids_and_mask"]), int(d["tokens"]), str(d["policy"]),
+                          skipped=int(d.get("skipped", 0)), prefill=prefill, written=True))
 
 
 def cmd_build(a: argparse.Namespace) -> int:
@@ -52,6 +69,7 @@ def cmd_build(a: argparse.Namespace) -> int:
         if merged is None:  # this worker's share is built; the worker of the last one merges (and pushes)
             return 0
         c = merged.counts
+        print_duplicates(a.output)
     else:
         try:
             s = build(config, a.output, progress=not a.no_progress, build_command=command_line(),
@@ -65,17 +83,19 @@ def cmd_build(a: argparse.Namespace) -> int:
         print(f"built {s.output_dir}: {c.written:,} samples written, {c.rejected:,} rejected (of {c.samples_in:,}), "
               f"{c.tokens_written:,} tokens, {size(s.bytes_written)} in {s.seconds:.1f}s "
               f"({s.parts_built} parts built, {s.parts_skipped} already done)")
+        print_duplicates(a.output)
     if c.rejected:  # the same check for a single worker's build and a merged one
         rejects = read_rejects(a.output)
-        too_many = c.rejected > a.max_reject_rate * c.samples_in
+        bad = c.rejected - c.rejects_by_stage.get(DUPLICATE_STAGE, 0)  # duplicates=skip leaves those out on purpose
+        too_many = bad > a.max_reject_rate * c.samples_in
         print_rejects(rejects, c.samples_in, most=8 if too_many else 3, file=sys.stderr if too_many else sys.stdout)
         if too_many:
             raise RejectRateError(
-                f"{c.rejected} of {c.samples_in} samples rejected ({c.rejected / c.samples_in:.0%}), more than "
+                f"{bad} of {c.samples_in} samples rejected ({bad / c.samples_in:.0%}), more than "
                 f"--max-reject-rate {a.max_reject_rate:g}: the build in {a.output} is kept (finished; "
                 f"{REJECTS_FILE} lists every reject){'; nothing was pushed' if a.push else ''}. Fix the source or "
                 f"the config (see the reasons above), or accept it: the same command with --max-reject-rate "
-                f"{min(1.0, round(c.rejected / c.samples_in + 0.005, 2)):g}")
+                f"{min(1.0, round(bad / c.samples_in + 0.005, 2)):g}")
         print(f"every reject with its reason: {Path(a.output) / REJECTS_FILE}")
     if a.push:
         push(a.output, a.push, a.version, force=a.force)

@@ -1,19 +1,17 @@
-"""``hs-dataset push``, ``versions`` and ``verify``: the Hub checked before any work, readable summaries."""
+"""``hs-dataset push`` and ``versions``: the Hub checked before any work, readable summaries."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-from pathlib import Path
 
 from hs_dataset.write.progress import is_terminal
 from hs_dataset.cli.options import add_progress_arg
 from hs_dataset.cli.render import size, table
-from hs_dataset.errors import HubAccessError, MissingPathError, RepoIdError
-from hs_dataset.hub.names import check_repo_id, check_revision, check_version_name
+from hs_dataset.hub.names import check_repo_id, check_version_name
 
-__all__ = ["cmd_push", "cmd_verify", "cmd_versions", "dash_version", "push", "register"]
+__all__ = ["cmd_push", "cmd_versions", "dash_version", "push", "quiet_hub", "register"]
 
 
 def dash_version(argv: list[str]) -> list[str]:
@@ -41,7 +39,7 @@ def dash_version(argv: list[str]) -> list[str]:
     return out
 
 
-def _quiet_hub(no_progress: bool) -> None:
+def quiet_hub(no_progress: bool) -> None:
     """huggingface_hub's upload/download bars: off with --no-progress or without a terminal (a log)."""
     from huggingface_hub.utils import disable_progress_bars  # deferred: huggingface_hub
 
@@ -84,7 +82,7 @@ def push(build_dir: str, repo_id: str, version: str, *, force: bool, as_json: bo
 
 
 def cmd_push(a: argparse.Namespace) -> int:
-    _quiet_hub(a.no_progress)
+    quiet_hub(a.no_progress)
     push(a.dir, a.repo_id, a.version, force=a.force, as_json=a.format == "json")
     return 0
 
@@ -117,39 +115,6 @@ def _num(n: int | None) -> str:
     return "n/a" if n is None else f"{n:,}"
 
 
-def cmd_verify(a: argparse.Namespace) -> int:
-    from hs_dataset.hub.access import check_hub, hub_errors  # deferred: huggingface_hub
-    from hs_dataset.integrity.verify import verify_build, verify_repo  # deferred: imports torch, datasets
-
-    local = Path(a.target)
-    if local.is_dir() and a.revision is None:
-        report = verify_build(a.target, quick=a.quick)
-    else:
-        if local.exists():
-            raise MissingPathError(f"{a.target} is a file, not a build directory: check the path")
-        if a.revision is None and a.target.strip("/").count("/") != 1:
-            raise MissingPathError(f"{a.target}: no such build directory (and not a repo id, org/name): check the path")
-        try:
-            check_repo_id(a.target)
-        except RepoIdError as e:
-            if a.revision is not None:  # a repo id was meant
-                raise
-            raise MissingPathError(f"{a.target}: no such build directory, and not a repo id ({e})") from None
-        if a.revision is not None:
-            check_revision(a.revision)
-        _quiet_hub(a.no_progress)
-        try:
-            check_hub(need_token=False)
-        except HubAccessError as e:
-            if a.revision is not None:
-                raise
-            raise HubAccessError(f"{a.target}: no such build directory here; as a repo id: {e}") from None
-        with hub_errors(repo_id=a.target):
-            report = verify_repo(a.target, revision=a.revision, quick=a.quick)
-    print(report.message())
-    return 0 if report.ok else 1
-
-
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("push", parents=[common], help="upload a built dataset to the Hub as a tagged version")
     p.add_argument("dir", help="the output directory of a finished build (hs-dataset build ... -o DIR)")
@@ -163,12 +128,3 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     v.add_argument("repo_id", help="the dataset repo on the Hub, org/name")
     v.add_argument("--format", choices=("text", "json"), default="text", help="a table, or JSON")
     v.set_defaults(fn=cmd_versions)
-    c = sub.add_parser("verify", parents=[common],
-                       help="check every shard of a build, or of a published version, against its recorded size, "
-                            "rows and content hash (exit 1 naming the parts to rebuild)")
-    c.add_argument("target", help="a build directory, or a dataset repo id (org/name)")
-    c.add_argument("--revision", help="with a repo id: the version to download and check (default: main)")
-    c.add_argument("--quick", action="store_true", help="size, first/last MiB and rows only (a repo: the Hub's file "
-                                                        "list and sizes, nothing downloaded)")
-    add_progress_arg(c)
-    c.set_defaults(fn=cmd_verify)

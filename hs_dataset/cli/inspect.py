@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from hs_dataset.write.rejects import read_rejects
-from hs_dataset.cli.render import histogram, print_rejects, size, table
+from hs_dataset.cli.render import duplicates_line, histogram, print_rejects, size, table
 from hs_dataset.errors import NotABuildError
 from hs_dataset.layout import DATA_DIR, META_FILE
 
@@ -48,11 +48,24 @@ def cmd_inspect(a: argparse.Namespace) -> int:
             print(line)
         print(f"loss mask: {stats.mask_coverage:.1%} of tokens ({stats.masked_tokens:,} of {stats.tokens:,})")
         n_tok = int(sum(stats.lengths[i] for i in stats.sampled_rows))
-        print(f"states:    {len(stats.sampled_rows)} of {stats.rows:,} rows sampled ({n_tok:,} tokens), as bf16:")
-        rows = [(s.column, f"{s.mean:.4g}", f"{s.std:.4g}", f"{s.absmax:.4g}", f"{s.nonfinite:,}",
-                 f"{float(np.mean(s.token_norms)):.4g}") for s in stats.states]
-        for line in table(("column", "mean", "std", "absmax", "non-finite", "mean token norm"), rows):
+        norms = {s.column: f"{float(np.mean(s.token_norms)):.4g}" for s in stats.states}
+        recorded = meta.get("statistics")
+        if recorded:
+            print(f"states:    every value, counted while the build wrote it ({meta['storage_dtype']}); mean token "
+                  f"norm over {len(stats.sampled_rows)} sampled rows ({n_tok:,} tokens):")
+            rows: list[tuple[str, ...]] = [
+                (c, f"{s['mean']:.4g}", f"{s['std']:.4g}", f"{s['absmax']:.4g}", f"{s['nan']:,}", f"{s['inf']:,}",
+                 f"{s['fp8_limit_share']:.2%}", norms.get(c, "n/a")) for c, s in recorded["columns"].items()]
+            head: tuple[str, ...] = ("column", "mean", "std", "absmax", "NaN", "Inf", "at fp8 limit", "mean token norm")
+        else:
+            print(f"states:    {len(stats.sampled_rows)} of {stats.rows:,} rows sampled ({n_tok:,} tokens), as bf16 "
+                  "(this build records no statistics):")
+            rows = [(s.column, f"{s.mean:.4g}", f"{s.std:.4g}", f"{s.absmax:.4g}", f"{s.nonfinite:,}", norms[s.column])
+                    for s in stats.states]
+            head = ("column", "mean", "std", "absmax", "non-finite", "mean token norm")
+        for line in table(head, rows):
             print(line)
+        _print_quality(meta)
         if a.plot:
             print(f"plot:      {plot_stats(stats, a.plot, title=str(out))}")
     elif a.plot:
@@ -60,6 +73,24 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     if a.schema:
         _print_schema(out)
     return 0 if report.ok else 1
+
+
+def _print_quality(meta: dict) -> None:
+    """The recorded flags, duplicates and probe (``hs_dataset.json``)."""
+    st = meta.get("statistics") or {}
+    if st:
+        d = st["duplicates"]
+        print(duplicates_line(int(d["same_ids"]), int(d["same_ids_and_mask"]), int(d["tokens"]), str(d["policy"]),
+                              skipped=int(d.get("skipped", 0)), written=True))
+        flags = st.get("flags") or []
+        print(f"flagged:   {st.get('flagged', len(flags))} rows" + "".join(
+            f"\n  row {f['row']} ({f['id']}): {f['column']} holds {f['what']}" for f in flags[:8]))
+    p = meta.get("probe")
+    if not p:
+        print("probe:     not run (hs-dataset verify DIR --probe 64 re-runs 64 rows through the reference backend)")
+    else:
+        outcome = "every row matches" if p["ok"] else f"{len(p['failed'])} rows do not match (hs-dataset verify names them)"
+        print(f"probe:     {p['rows']} rows (seed {p['seed']}) on {p['device']} at {p['at']}: {outcome}")
 
 
 def _print_schema(out: Path) -> None:

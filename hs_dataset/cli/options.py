@@ -25,7 +25,7 @@ __all__ = ["add_config_args", "add_progress_arg", "command_line", "common_parser
            "load_preset", "make_config", "parse_value"]
 
 # Fields with their own flag (``--max-samples N`` = ``--set max_samples=N``), in this order.
-FLAG_FIELDS = ("model", "source", "layers", "max_samples", "backend", "storage_dtype", "on_nonfinite")
+FLAG_FIELDS = ("model", "source", "layers", "max_samples", "backend", "storage_dtype", "on_nonfinite", "duplicates")
 
 
 def parse_value(text: str) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from hs_dataset.cli.options import ConfigHelp, add_config_args, add_progress_arg, make_config
-from hs_dataset.cli.render import histogram, print_rejects, size, table
+from hs_dataset.cli.render import duplicates_line, histogram, print_rejects, size, table
 
 __all__ = ["cmd_plan", "duration", "register", "show_plan"]
 
@@ -90,6 +90,9 @@ def show_plan(config, a: argparse.Namespace) -> int:
     for line in memory_lines(p):
         print(line)
     rate, what = _rate_line(p, getattr(a, "tok_per_s", None))
+    d = p.duplicates
+    print(duplicates_line(d.same_ids, d.same_rows, d.tokens, config.duplicates,
+                          prefill=duration(d.tokens / rate) if rate and d.tokens else None))
     if rate:
         bpt = p.bytes_per_token(config.storage_dtype)
         by_length: list[str] = []

@@ -11,7 +11,7 @@ from hs_dataset.write.rejects import group_rejects
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["histogram", "print_rejects", "size", "table"]
+__all__ = ["duplicates_line", "histogram", "print_rejects", "size", "table"]
 
 
 def size(n: float | None) -> str:
@@ -70,3 +70,20 @@ def print_rejects(rejects: list[dict], total: int, *, most: int = 8, file=None) 
         print(line, file=file)
     if len(groups) > most:
         print(f"  ... and {len(groups) - most} more kinds", file=file)
+
+
+def duplicates_line(same_ids: int, same_rows: int, tokens: int, policy: str, *, skipped: int = 0,
+                    prefill: str | None = None, written: bool = False) -> str:
+    """``duplicates: ...``: samples repeating an earlier sample's token ids (``same_rows`` of them with its
+    loss mask too), what they cost (``prefill``: the time, where a rate is known) and what the build does."""
+    whose = "written samples" if written else "samples"
+    if not same_ids and not skipped:
+        return "duplicates: none (no sample repeats an earlier sample's token ids)"
+    cost = f"{tokens:,} tokens" + (f", {prefill} of prefill" if prefill else "")
+    head = f"duplicates: {same_ids:,} {whose} repeat an earlier sample's token ids ({same_rows:,} with its loss mask " \
+           f"too: identical rows; {cost})"
+    if policy == "keep":
+        return f"{head}; kept, captured again (duplicates=keep, the default; --duplicates skip leaves the identical " \
+               "ones out)"
+    left = f"{skipped:,} identical rows left out" if written else f"the {same_rows:,} identical rows are left out"
+    return f"{head}; duplicates=skip: {left} (rejects of stage duplicate)"

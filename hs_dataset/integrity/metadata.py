@@ -1,5 +1,6 @@
 """Everything a push uploads besides the shards must agree with ``hs_dataset.json``: the card's front
-matter (what ``load_dataset`` reads: ``configs``, ``dataset_info`` with the features), ``rejects.jsonl``
+matter (what ``load_dataset`` reads: ``configs``, ``dataset_info`` with the features) and its quality
+section (the statistics and the probe, :mod:`hs_dataset.write.card_quality`), ``rejects.jsonl``
 (its lines and content hash), and ``hs_dataset.json`` itself (its columns, dtype and counts).
 
 A changed feature in the card (``uint16`` turned into ``int32``) makes ``load_dataset`` hand out numbers
@@ -17,6 +18,7 @@ import xxhash
 import yaml
 
 from hs_dataset.write.card import readme_header, split_readme
+from hs_dataset.write.card_quality import QUALITY_HEADING, quality_section
 from hs_dataset.layout import META_FILE, README_FILE, REJECTS_FILE, STORAGE_DTYPES, state_columns
 from hs_dataset.records import Counts
 
@@ -53,6 +55,17 @@ def _differences(found: Any, want: Any, where: str = "") -> list[str]:
     return [] if found == want else [f"{where}: {found!r} instead of {want!r}"]
 
 
+def _quality_problem(readme: str, meta: dict[str, Any]) -> str | None:
+    """Why the card's quality section is not the one ``meta`` implies (its statistics and probe), or None."""
+    if not meta.get("statistics") and not meta.get("probe"):
+        return None
+    if quality_section(meta) in split_readme(readme)[1]:
+        return None
+    if QUALITY_HEADING not in readme:
+        return f"has no quality section ({QUALITY_HEADING}: the statistics and probe {META_FILE} records)"
+    return f"its quality section differs from the statistics and probe {META_FILE} records"
+
+
 def check_metadata(root: Path, meta: dict[str, Any]) -> list[tuple[str, str]]:
     """``(file, what is wrong)`` for each of the card, ``rejects.jsonl`` and ``hs_dataset.json`` that does not
     agree with ``hs_dataset.json`` (empty: they all do)."""
@@ -71,6 +84,9 @@ def check_metadata(root: Path, meta: dict[str, Any]) -> list[tuple[str, str]]:
         found = _front_matter(readme.read_text(encoding="utf-8"))
         want = _front_matter(readme_header(meta, Counts.rows_of(counts), int(meta.get("bytes", 0)),
                                            (meta.get("config") or {}).get("file_format", "arrow")))
+        quality = _quality_problem(readme.read_text(encoding="utf-8"), meta)
+        if quality:
+            problems.append((README_FILE, quality))
         if found is None:
             problems.append((README_FILE, "has no YAML front matter (load_dataset reads configs: and dataset_info:)"))
         else:

@@ -5,13 +5,19 @@
     hs-dataset verify kimi-hs --quick           # size, first/last MiB, rows (what a resumed build checks)
     hs-dataset verify org/kimi-eagle3-hs --revision v1.0           # downloads the version, full check
     hs-dataset verify org/kimi-eagle3-hs --revision v1.0 --quick   # the Hub's file list and sizes only
+    hs-dataset verify kimi-hs --probe 64        # and 64 random rows re-run through the reference backend
+    hs-dataset verify org/kimi-eagle3-hs@v1.0 --probe 64   # the listing, then only the probed rows' shards
+    hs-dataset verify kimi-hs --stats           # and the statistics recounted from every row
 
 Checked: every shard listed in ``hs_dataset.json`` (``shards``) exists with its size, rows and
 xxh3-128 (:mod:`hs_dataset.integrity.checksums`), no other file is in ``data/`` (readers would load it too),
 and the shards' rows add up to the recorded ``counts.written``; and everything else a push uploads
 agrees with ``hs_dataset.json``: the card's front matter (the features ``load_dataset`` reads),
 ``rejects.jsonl`` (:mod:`hs_dataset.integrity.metadata`). Each problem names the file and the part to
-rebuild. For a local build a full check also marks the damaged parts in
+rebuild. Beyond the bytes (:mod:`hs_dataset.integrity.quality`): ``probe`` re-runs rows through the
+reference backend (:mod:`hs_dataset.integrity.probe`; a local build records the result), ``stats``
+recounts the statistics from every row (:mod:`hs_dataset.integrity.scan`), and a recorded probe that
+found rows wrong is a problem until they are rebuilt. For a local build a full check also marks the damaged parts in
 ``.hs_build/damaged.json``, so that running the same build command again rebuilds exactly them (a
 flipped bit in the middle of a large shard is beyond the quick check a resumed build runs itself).
 ``push`` runs the full check first and refuses a build that fails it.
@@ -35,9 +41,13 @@ from hs_dataset.integrity.metadata import check_metadata
 from hs_dataset.errors import IntegrityError, NotABuildError
 from hs_dataset.integrity.checksums import HASH_KEY, check_shard
 from hs_dataset.records import Counts
+from hs_dataset.integrity.probe import ProbeReport
+from hs_dataset.integrity.probe_inputs import hub_shard
+from hs_dataset.integrity.quality import ProbeOptions, record_probe, recorded_probe_problems, run_checks
+from hs_dataset.integrity.scan import ScanReport
 from hs_dataset.layout import DATA_DIR, META_FILE, SHARD_RE, STATE_DIR
 
-__all__ = ["Problem", "VerifyReport", "check_files", "check_listing", "damage_of", "data_files", "read_meta",
+__all__ = ["ProbeOptions", "Problem", "VerifyReport", "check_files", "check_listing", "damage_of", "data_files", "read_meta",
            "recorded_shards", "repair_command", "verify_build", "verify_repo"]
 
 # how a build command names its output: --output and the prefixes argparse takes for it (--o is ambiguous), -o
@@ -68,6 +78,8 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     repair: str = ""
     commit: str | None = None  # the commit verified, for a published version
+    probe: ProbeReport | None = None  # with --probe
+    scan: ScanReport | None = None  # with --stats
 
     @property
     def ok(self) -> bool:
@@ -79,12 +91,20 @@ class VerifyReport:
         return sorted({p.part for p in self.problems if p.part is not None})
 
     def message(self) -> str:
-        """One paragraph: every problem, then what to do."""
+        """One paragraph: every problem, then what to do; then the probe's lines and the recount's."""
         kind = "quick check" if self.quick else "full check"
         if self.ok:
-            return f"{self.where}: {self.shards} shards, {self.rows} rows: all match {META_FILE} ({kind})"
-        lines = "; ".join(str(p) for p in self.problems)
-        return f"{self.where} does not match its {META_FILE} ({kind}): {lines}. {self.repair}"
+            text = f"{self.where}: {self.shards} shards, {self.rows} rows: all match {META_FILE} ({kind})"
+        else:
+            lines = "; ".join(str(p) for p in self.problems)
+            text = f"{self.where} does not match its {META_FILE} ({kind}): {lines}. {self.repair}"
+        if self.scan is not None:
+            text += (f"\nstats: every row recounted in {self.scan.seconds:.1f}s: "
+                     + ("they match the recorded statistics, no row flagged" if not self.scan.problems else
+                        f"{len(self.scan.problems)} problem(s), above"))
+        if self.probe is not None:
+            text += "\n" + self.probe.message()
+        return text
 
     def raise_if_bad(self) -> None:
         """Raise :class:`IntegrityError` with :meth:`message` unless ``ok``."""
@@ -200,7 +220,7 @@ def repair_command(command: str, root: Path) -> str:
 
 
 def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[str, str] | None = None,
-                 mark: bool = True) -> VerifyReport:
+                 mark: bool = True, probe: ProbeOptions | None = None, stats: bool = False) -> VerifyReport:
     """Verify a finished build directory against its ``hs_dataset.json``.
 
     Args:
@@ -208,19 +228,33 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
         quick: size + first/last MiB + rows per shard instead of the full content hash.
         digests: ``{"data/<name>": xxh3-128}`` already computed by the caller (push), not recomputed.
         mark: on a full check of a local build, record the damaged parts in ``.hs_build/damaged.json``
-            so that the next build rebuilds them.
+            so that the next build rebuilds them, and record a probe's result in its ``hs_dataset.json``.
+        probe: re-run ``probe.rows`` random rows through the reference backend (once the shards pass).
+        stats: recount the statistics from every row (once the shards pass).
 
     Raises:
         NotABuildError: no (readable) ``hs_dataset.json``.
         IntegrityError: it records no shard checksums.
+        MissingPathError: a probe without the model's weights here.
     """
     root = Path(path)
     meta = read_meta(root)
     problems, rows = check_files(root, meta, quick=quick, digests=digests)
+    local = (root / STATE_DIR / "parts").is_dir()
+    probe = probe or ProbeOptions()
+    probed = scan = None
+    if not problems and (probe.rows or stats):
+        probed, scan, found = run_checks(root, meta, str(root), lambda s: root / DATA_DIR / s["name"], probe=probe,
+                                         stats=stats)
+        problems += [Problem(*f) for f in found]
+        if probed is not None and local and mark:
+            record_probe(root, probed)
+            meta = read_meta(root)
+    if not probe.rows:
+        problems += [Problem(*f) for f in recorded_probe_problems(meta)]
     problems += [Problem(name, what) for name, what in check_metadata(root, meta)]
     shards = recorded_shards(meta, str(root))
-    report = VerifyReport(str(root), quick, len(shards), rows, problems)
-    local = (root / STATE_DIR / "parts").is_dir()
+    report = VerifyReport(str(root), quick, len(shards), rows, problems, probe=probed, scan=scan)
     command = meta.get("build_command")
     again = f"the build command again (`{command}`)" if command else "the same build again (the same configuration)"
     if local:
@@ -233,7 +267,7 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
                          "shard files (then verify again)." if report.parts else
                          f"Repair: run {here} on {root}: it removes the unlisted shard files and rewrites the card, "
                          f"{META_FILE} and rejects.jsonl from the part records.") + move
-        if mark and not quick:
+        if mark and (not quick or probed is not None or scan is not None):
             mark_damaged(root, damage_of(problems))
     else:
         report.repair = (f"This copy has no build state ({STATE_DIR}/): download it again; if the published files "
@@ -243,30 +277,37 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
 
 
 def verify_repo(repo_id: str, *, revision: str | None = None, quick: bool = False, token: str | None = None,
-                endpoint: str | None = None, local_dir: str | os.PathLike | None = None) -> VerifyReport:
+                endpoint: str | None = None, local_dir: str | os.PathLike | None = None,
+                probe: ProbeOptions | None = None, stats: bool = False) -> VerifyReport:
     """Verify a published version: download it (``huggingface_hub.snapshot_download``) and run the
     full check, or with ``quick`` compare the Hub's file list and sizes with its ``hs_dataset.json``
     without downloading the shards.
 
     Args:
-        repo_id: the dataset repository (``org/name``).
+        repo_id: the dataset repository (``org/name``, or ``org/name@revision``).
         revision: the version (tag), branch or commit (default: main).
         quick: names and sizes only, nothing downloaded.
         token, endpoint: for the Hub.
         local_dir: download into this folder (default: the hub cache).
+        probe: re-run ``probe.rows`` random rows through the reference backend: after the listing check,
+            only the shards holding them are downloaded (each checked against its hash); nothing is recorded.
+        stats: recount the statistics from every row (downloads the whole version).
 
     Raises:
         NotABuildError: the revision holds no ``hs_dataset.json``.
         IntegrityError: it records no shard checksums.
+        MissingPathError: a probe without the model's weights here.
     """
-
+    if revision is None and "@" in repo_id:
+        repo_id, _, revision = repo_id.partition("@")
+    probe = probe or ProbeOptions()
     api = HfApi(endpoint=endpoint, token=token)
     sha = api.dataset_info(repo_id, revision=revision).sha
     where = f"{repo_id}@{revision or 'main'} ({sha})"
-    if not quick:
+    if stats or (not quick and not probe.rows):
         snapshot = api.snapshot_download(repo_id, repo_type="dataset", revision=sha,
                                          local_dir=None if local_dir is None else Path(local_dir))
-        report = verify_build(snapshot, mark=False)
+        report = verify_build(snapshot, mark=False, probe=probe, stats=stats)
         report.where, report.commit = where, sha
         return report
     try:
@@ -279,7 +320,14 @@ def verify_repo(repo_id: str, *, revision: str | None = None, quick: bool = Fals
         repo_id, repo_type="dataset", revision=sha, recursive=True) if isinstance(e, RepoFile)
         and e.path.startswith(prefix)}
     problems, rows = check_listing(meta, present, where)
-    return VerifyReport(where, True, len(recorded_shards(meta, where)), rows, problems, commit=sha,
-                        repair=f"The published files differ from their {META_FILE} (names and sizes; a full check "
-                               f"compares {HASH_KEY} hashes): rebuild the named parts where the version was built and "
-                               "push again with --force.")
+    probed = None
+    if not problems and probe.rows:
+        probed, _, found = run_checks(None, meta, where, hub_shard(api, repo_id, sha, None if local_dir is None
+                                                                   else Path(local_dir)), probe=probe, stats=False)
+        problems += [Problem(*f) for f in found]
+    elif not probe.rows:
+        problems += [Problem(*f) for f in recorded_probe_problems(meta)]
+    return VerifyReport(where, True, len(recorded_shards(meta, where)), rows, problems, commit=sha, probe=probed,
+                        repair=f"The published files differ from their {META_FILE} or hold wrong states (names and "
+                               f"sizes, and the probed rows; a full check compares {HASH_KEY} hashes): rebuild the named "
+                               "parts where the version was built and push again with --force.")

@@ -21,12 +21,15 @@ from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.resolve import ResolvedBuild, resolve_build
 from hs_dataset.capture.backends import make_backend
 from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
-from hs_dataset.codec.encode import bytes_per_token, encode_row, make_features, row_pieces, row_table
+from hs_dataset.codec.encode import (bytes_per_token, encode_row, make_features, row_pieces, row_table,
+                                     stored_state_columns)
 from hs_dataset.codec.limits import arrow_max_elements, max_row_tokens
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import ConfigError, NonFiniteError, SampleError
+from hs_dataset.integrity.stats import PartStatistics, StatsCollector
 from hs_dataset.layout import state_columns
 from hs_dataset.model_info import ModelInfo
+from hs_dataset.prepare.duplicates import skip_duplicates
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.records import Counts, Reject, TokenizedSample
@@ -95,6 +98,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         # Samples rejected after some of their rows were written (a long sample's later piece): the part's
         # shards are rewritten without them before it is committed (hs_dataset.write.drop_rows).
         self.dropped: set[str] = set()
+        self.statistics: PartStatistics | None = None  # of the rows written, once generation ends
         super().__init__(*args, **kwargs)  # calls _info()
         # Rows of a long sample may be pieces of a windowed ring region, which the engine waits to write again:
         # each row goes to the file at once (datasets would otherwise keep single rows until a batch is full).
@@ -149,8 +153,9 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 self._reject(r)
 
             r = self.resolved
-            for _, sample in tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(start, stop)], reject,
-                                               generator=backend, workers=self._workers):
+            for _, sample in skip_duplicates(tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(start, stop)],
+                                                               reject, generator=backend, workers=self._workers),
+                                             r.duplicate_rows, reject):
                 self.counts.samples_in += 1
                 yield sample
 
@@ -166,6 +171,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                                                 options=cfg.backend_options, trust_remote_code=cfg.trust_remote_code)
         cols = state_columns(self.layers)
         R, long_rows, teacher = self.resolved.row_tokens, self.resolved.long_rows, bool(self.resolved.teacher_k)
+        stats = StatsCollector(stored_state_columns(self.layers, cfg.store_final), self.resolved.info.hidden_size,
+                               cfg.max_length)
         i = 0
         partial: dict[str, int] = {}  # samples with rows written and more to come: their rows so far
         skipping: set[str] = set()  # samples rejected with more pieces to come
@@ -205,8 +212,11 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                     continue
                 n_rows = len(rows)
                 self.counts.rows_written += n_rows
-                while rows:  # each row's dict dropped once written: it views the ring
-                    yield Key(0, i), row_table(rows.pop(0), schema)
+                while rows:  # each row's dict dropped once written (and counted): it views the ring
+                    row = rows.pop(0)
+                    stats.add(row)  # on its worker thread, while the row is written
+                    yield Key(0, i), row_table(row, schema)
+                    del row
                     i += 1
                 if item.last:
                     partial.pop(sid, None)
@@ -217,7 +227,9 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 if self._on_row is not None:
                     self._on_row(item.num_positions, item.states.numel() * item.states.element_size())
                 del rows, item  # a windowed region's piece is released once nothing references it
+            self.statistics = stats.result()
         finally:
+            stats.close()
             if own:
                 backend.close()
         if partial:

@@ -7,6 +7,7 @@ from typing import Iterator
 
 from hs_dataset.write.resolve import ResolvedBuild
 from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
+from hs_dataset.prepare.duplicates import skip_duplicates
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.records import CaptureResult, Reject, TokenizedSample
@@ -33,9 +34,10 @@ class CaptureStream:
 
         def samples() -> Iterator[TokenizedSample]:
             r = resolved
-            for index, sample in tokenized_samples(r.config, r.tokenizer, r.vocab_size, list(ranges),
-                                                   self._early_rejects.__setitem__, generator=backend,
-                                                   workers=workers):
+            early = self._early_rejects.__setitem__
+            for index, sample in skip_duplicates(tokenized_samples(r.config, r.tokenizer, r.vocab_size, list(ranges),
+                                                                   early, generator=backend, workers=workers),
+                                                 r.duplicate_rows, early):
                 self._order.append(index)
                 yield sample
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from hs_dataset.write.card_quality import quality_section
 from hs_dataset.errors import MissingPathError
 from hs_dataset.layer_ids import drafter_layer_ids
 from hs_dataset.layout import FINAL_COLUMN, layer_column, utf8_safe
@@ -340,7 +341,10 @@ def render_card(metadata: dict, extra: dict) -> str:
         "build_command": build_command,
         "history_table": _history_table(history, tags, version) if history else "n/a",
         "force_note": force_note,
+        "quality": quality_section(metadata),
     }
+    if "quality}" not in template_text and "$quality" not in template_text:  # an older custom template
+        template_text = template_text.rstrip() + "\n\n${quality}\n"
     body = string.Template(template_text).safe_substitute(values)
     history_json = json.dumps(history, sort_keys=True).replace("--", "\\u002d\\u002d")
     return utf8_safe(f"{header}\n{body.rstrip()}\n\n<!-- {HISTORY_MARKER} {history_json} -->\n")

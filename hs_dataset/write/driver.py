@@ -31,6 +31,7 @@ same command ends with the same rows as an uninterrupted build:
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import logging
 import os
 import shutil
@@ -56,6 +57,7 @@ from hs_dataset.errors import BuildInterrupted
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.integrity.redact import record_redacted, redact, redact_command
 from hs_dataset.layout import DATA_DIR, STATE_DIR
+from hs_dataset.prepare.duplicates import load_skipped
 from hs_dataset.prepare.source_spec import resolve_source, rows_to_build, source_fingerprint
 from hs_dataset.records import Counts
 
@@ -148,6 +150,9 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         record_redacted(state, secrets)  # salted digests only: push scans its uploads for them
 
         n = rows_to_build(config.source, config.max_samples)
+        if config.duplicates == "skip":  # found before any capture, the same for every part and worker
+            resolved = dataclasses.replace(resolved, duplicate_rows=load_skipped(
+                state, config, resolved.tokenizer, resolved.vocab_size, n))
         ext = config.file_format
         parts = part_ranges(n, config.part_size)
         check_shrink(out, state, n, allow_shrink)  # before recover, which would drop the rows beyond n

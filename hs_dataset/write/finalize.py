@@ -26,9 +26,12 @@ from hs_dataset.errors import EmptyBuildError
 from hs_dataset.integrity.metadata import REJECTS_HASH_KEY, rejects_digest
 from hs_dataset.integrity.redact import redact
 from hs_dataset.codec.encode import stored_state_columns
-from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE
+from hs_dataset.integrity.stats import PartStatistics
+from hs_dataset.integrity.summary import build_statistics
+from hs_dataset.layout import DATA_DIR, DUPLICATE_STAGE, META_FILE, README_FILE, REJECTS_FILE
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.model_info import LAYER_CONVENTION
+
 from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.records import Counts
 
@@ -61,8 +64,10 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
     rejects: list[dict] = []
     files: list[dict] = []
     record_versions: dict[str, str] = {}
+    quality: list[dict | None] = []
     for i, _, _ in parts:
         r = json.loads(part_record(state, i).read_text(encoding="utf-8"))
+        quality.append(r.get("quality"))
         counts.add(Counts(**r["counts"]))
         rejects.extend(r["rejects"])
         files.extend(r["files"])
@@ -118,6 +123,8 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
         "build_command": build_command or previous.get("build_command"),
         "config": config.to_dict(),
         REJECTS_HASH_KEY: rejects_digest(rejects_text),
+        "statistics": _statistics(out, files, quality, config, info.hidden_size, counts),
+        **({"probe": previous["probe"]} if previous.get("probe") and previous.get("shards") == files else {}),
         "shards": files,  # name, bytes, rows, xxh3_128, edges_xxh3_128 (hs_dataset.integrity.checksums)
     }
     meta, _ = redact(meta)  # credentials at any depth, URL user-info: '***' (hs_dataset.integrity.redact)
@@ -126,6 +133,16 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
     atomic_write(out / README_FILE, render_readme(meta, str(out)))
     atomic_write(meta_path, text)  # last: hs_dataset.json exists only for a finished build
     return counts
+
+
+def _statistics(out: Path, files: list[dict], quality: list[dict | None], config: HiddenStatesConfig, hidden: int,
+                counts: Counts) -> dict[str, Any] | None:
+    """The build's statistics from its parts' (None when a part was built by an hs_dataset without them)."""
+    if not quality or any(q is None for q in quality):
+        return None
+    return build_statistics(out, files, [PartStatistics.from_dict(q) for q in quality if q is not None],
+                            duplicates=config.duplicates, skipped=counts.rejects_by_stage.get(DUPLICATE_STAGE, 0),
+                            hidden=hidden)
 
 
 def _sample_ids(config: HiddenStatesConfig) -> str:

@@ -70,6 +70,7 @@ class GeneratedPart:
     backend_versions: dict[str, str]
     dropped: tuple[str, ...] = ()  # samples whose rows must leave the shards before the commit
     state_columns: tuple[str, ...] = ()  # the hidden-state columns (coded with byte planes in parquet builds)
+    quality: dict | None = None  # the rows' statistics (hs_dataset.integrity.stats.PartStatistics)
 
 
 def _staging(state: Path, i: int) -> Path:
@@ -114,8 +115,10 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
     except BaseException:
         _discard_part(out, state, i, config.file_format)
         raise
+    quality = builder.statistics.to_dict() if builder.statistics is not None else None
     return GeneratedPart(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions(),
-                         tuple(sorted(builder.dropped)), tuple(stored_state_columns(resolved.layers, config.store_final)))
+                         tuple(sorted(builder.dropped)), tuple(stored_state_columns(resolved.layers, config.store_final)),
+                         quality)
 
 
 def _code_shards(shards: list[str], state_columns: tuple[str, ...]) -> list[str]:
@@ -156,7 +159,8 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
             os.replace(src, out / DATA_DIR / f["name"])
         fsync_dir(out / DATA_DIR)
         record = {"part": g.i, "start": g.start, "stop": g.stop, "files": files,
-                  "counts": dataclasses.asdict(g.counts), "rejects": g.rejects, "backend_versions": g.backend_versions}
+                  "counts": dataclasses.asdict(g.counts), "rejects": g.rejects, "backend_versions": g.backend_versions,
+                  "quality": g.quality}
         atomic_write(record_path, json.dumps(record))  # the commit point of this part
     except BaseException:
         _discard_part(out, state, g.i, ext)

@@ -28,12 +28,13 @@ from hs_dataset.codec.encode import bytes_per_token
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo
+from hs_dataset.prepare.duplicates import DuplicateIndex, duplicate_reject, token_digests
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.prepare.source_spec import count_rows
 from hs_dataset.records import Reject
 
 __all__ = ["MEASURED_RATES", "SAMPLE_BLOCKS", "BuildPlan", "MeasuredRate", "ROW_BYTES_PER_TOKEN", "estimate_rate",
-           "plan_build", "sample_ranges"]
+           "plan_build", "rate_for", "sample_ranges"]
 
 ROW_BYTES_PER_TOKEN = 5  # input_ids (int32) + loss_mask (uint8), besides the states
 SAMPLE_BLOCKS = 16  # a sample is read in this many blocks of consecutive rows, spread over the source
@@ -59,9 +60,14 @@ MEASURED_RATES = (
 
 def estimate_rate(info: ModelInfo) -> tuple[float, MeasuredRate] | None:
     """The measured rate of the shape with ``info``'s width, scaled to its depth; None for other widths."""
+    return rate_for(info.hidden_size, info.num_layers)
+
+
+def rate_for(hidden_size: int, num_layers: int) -> tuple[float, MeasuredRate] | None:
+    """:func:`estimate_rate` for a model of this width and depth."""
     for r in MEASURED_RATES:
-        if r.hidden_size == info.hidden_size:
-            return r.tokens_per_second * r.num_layers / info.num_layers, r
+        if r.hidden_size == hidden_size:
+            return r.tokens_per_second * r.num_layers / num_layers, r
     return None
 
 
@@ -82,6 +88,7 @@ class BuildPlan:
     part_tokens: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     sampled: int | None = None  # with a sample: the rows tokenized (the counts above are theirs)
+    duplicates: DuplicateIndex = field(default_factory=DuplicateIndex)  # samples repeating an earlier one's tokens
 
     @property
     def tokens(self) -> int:
@@ -173,11 +180,16 @@ def plan_build(config: HiddenStatesConfig, *, sample: int | None = None, progres
     with workers if workers is not None else contextlib.nullcontext(), contextlib.closing(bar):
         for index, one in tokenized_samples(cfg, resolved.tokenizer, resolved.vocab_size, read, reject,
                                             workers=workers):
+            bar.row(one.num_tokens)
+            dup = plan.duplicates.add(index, one.sample_id, token_digests(one.input_ids, one.loss_mask),
+                                      one.num_tokens)
+            if dup is not None and dup.same_mask and config.duplicates == "skip":  # as the build will
+                plan.rejects.append(duplicate_reject(one.sample_id, dup.first_id))
+                continue
             p = index // config.part_size
             plan.lengths.append(one.num_tokens)
             plan.masked_tokens += int(one.loss_mask.sum())
             plan.truncated += bool(one.truncated)
             plan.part_samples[p] += 1
             plan.part_tokens[p] += one.num_tokens
-            bar.row(one.num_tokens)
     return plan

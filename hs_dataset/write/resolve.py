@@ -5,8 +5,8 @@ and the final step (none of them reads ``config.json`` or loads the tokenizer ag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
 
 from hs_dataset.codec.limits import max_row_tokens
 from hs_dataset.config import HiddenStatesConfig
@@ -31,6 +31,8 @@ class ResolvedBuild:
         layers: ``config.layers`` checked against ``info``.
         tokenizer: the target's tokenizer (``config.tokenizer`` or the model directory), loaded once.
         tokenizer_record: what ``hs_dataset.json`` records about it.
+        duplicate_rows: with ``duplicates="skip"``, the source rows left out and their originals' ids
+            (``{row: id}``, :func:`hs_dataset.prepare.duplicates.load_skipped`); set by the build driver.
     """
 
     config: HiddenStatesConfig
@@ -38,6 +40,7 @@ class ResolvedBuild:
     layers: tuple[int, ...]
     tokenizer: PreTrainedTokenizerBase
     tokenizer_record: dict[str, Any]
+    duplicate_rows: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def storage_dtype(self) -> StorageDtype:

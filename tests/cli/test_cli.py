@@ -261,8 +261,10 @@ def test_inspect_shows_the_data_and_plots_it(built, tmp_path):
     assert "4 shards, 16 rows: all match hs_dataset.json (quick check)" in out
     assert "rejects:   none (of 16 samples)" in out and re.search(r"loss mask: \d+\.\d% of tokens", out)
     assert re.search(r"^lengths: +min \d+, median \d+", out, re.M)
-    for col in ("hidden_layer_0", "hidden_layer_1", "hidden_layer_2", "hidden_final"):
-        assert re.search(rf"^ +{col} +-?[\d.e-]+ +[\d.e-]+ +[\d.e-]+ +0 +[\d.e-]+$", out, re.M), col
+    assert "states:    every value, counted while the build wrote it (bfloat16)" in out
+    for col in ("hidden_layer_0", "hidden_layer_1", "hidden_layer_2", "hidden_final"):  # mean std absmax NaN Inf ...
+        assert re.search(rf"^ +{col} +-?[\d.e-]+ +[\d.e-]+ +[\d.e-]+ +0 +0 +0\.00% +[\d.e-]+$", out, re.M), col
+    assert "duplicates: none" in out and "flagged:   0 rows" in out and "probe:     not run" in out
     assert "schema:" not in out and "schema:" in run("inspect", str(built[0]), "--schema").stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
