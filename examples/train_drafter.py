@@ -3,6 +3,10 @@
     hs-dataset build builder_scripts/tiny_demo.py --output demo_out
     python examples/train_drafter.py demo_out --steps 40
 
+    # or train while it builds: start both; the trainer gets each row as the build makes it
+    hs-dataset build builder_scripts/tiny_demo.py --output demo_out --stream &
+    python examples/train_drafter.py demo_out --steps 40 --stream
+
 What each column does (EAGLE-3, one step of its training-time test):
 
 * ``aux_hidden_states`` (the captured layers, concatenated by ``DrafterCollator``): the draft head's
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +37,7 @@ from torch.utils.data import DataLoader
 from hs_dataset.layout import layer_of
 from hs_dataset.read.collate import DrafterCollator
 from hs_dataset.read.torch_format import TORCH_FORMAT
+from hs_dataset.stream import open_stream
 
 
 class DraftHead(torch.nn.Module):
@@ -52,9 +58,20 @@ class DraftHead(torch.nn.Module):
         return self.norm(self.layer(x, src_mask=causal, is_causal=True))
 
 
+def build_info(data: Path) -> tuple[Path, int]:
+    """The target model's directory and the number of captured layers: hs_dataset.json's, or while the
+    build still runs (--stream) its .hs_build/build.json."""
+    meta = data / "hs_dataset.json"
+    if meta.exists():
+        m = json.loads(meta.read_text())
+        return Path(m["model"]["path"]), len(m["layers"])
+    m = json.loads((data / ".hs_build" / "build.json").read_text())
+    return Path(m["model"]), len(m["layers"])
+
+
 def target_weights(data: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """The target model's embedding and lm_head (float32), from its safetensors (path in hs_dataset.json)."""
-    model = Path(json.loads((data / "hs_dataset.json").read_text())["model"]["path"])
+    model = build_info(data)[0]
     tensors = {}
     for f in sorted(model.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
@@ -71,16 +88,26 @@ def main(argv: list[str] | None = None) -> list[float]:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max-length", type=int, default=256, help="tokens per sample trained on")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--stream", action="store_true",
+                    help="train while it builds: read the build as it runs (hs-dataset build ... --stream), then "
+                         "its finished version (README: Train while it builds)")
     a = ap.parse_args(argv)
     torch.manual_seed(0)
 
-    ds = load_dataset(str(a.data), split="train").with_format(TORCH_FORMAT)  # rows of bf16 tensors
-    layers = [c for c in ds.column_names if layer_of(c) is not None]  # not the fp8 builds' *_scale columns
+    collate = DrafterCollator(max_length=a.max_length)
+    if a.stream:  # epoch 0 as the build makes the rows, later epochs from the version, seeded
+        while not (a.data / ".hs_build" / "build.json").exists() and not (a.data / "hs_dataset.json").exists():
+            time.sleep(0.1)  # the build has not started yet
+        loader = DataLoader(open_stream(a.data, seed=0), batch_size=a.batch, collate_fn=collate)
+        n_layers = build_info(a.data)[1]
+    else:
+        ds = load_dataset(str(a.data), split="train").with_format(TORCH_FORMAT)  # rows of bf16 tensors
+        n_layers = len([c for c in ds.column_names if layer_of(c) is not None])  # not the fp8 *_scale columns
+        loader = DataLoader(ds, batch_size=a.batch, shuffle=True, collate_fn=collate,
+                            generator=torch.Generator().manual_seed(0))
     embed, lm_head = target_weights(a.data)
-    draft = DraftHead(embed.shape[1], len(layers), embed)
+    draft = DraftHead(embed.shape[1], n_layers, embed)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=a.lr)
-    loader = DataLoader(ds, batch_size=a.batch, shuffle=True, collate_fn=DrafterCollator(max_length=a.max_length),
-                        generator=torch.Generator().manual_seed(0))
 
     losses: list[float] = []
     while len(losses) < a.steps:

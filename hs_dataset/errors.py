@@ -18,7 +18,7 @@ __all__ = [
     "ForeignFilesError", "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError",
     "NonFiniteError",
     "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RequestError", "SampleError",
-    "SecretLeakError", "ShareError", "TransportError", "VersionExistsError", "VersionNameError",
+    "SecretLeakError", "ShareError", "StreamError", "TransportError", "VersionExistsError", "VersionNameError",
 ]
 
 
@@ -149,6 +149,11 @@ class TransportError(HsDatasetError, RuntimeError):
 
 class RequestError(TransportError):
     """One request cannot be captured (e.g. a radix-cache hit); its sample is rejected with this reason."""
+
+
+class StreamError(HsDatasetError, RuntimeError):
+    """A trainer's stream of a build cannot go on (no build came within its timeout, a resume state of
+    another deal, DataLoader workers)."""
 
 
 # -- publishing and interop ---------------------------------------------------------------------------

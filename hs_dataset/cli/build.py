@@ -12,6 +12,7 @@ from hs_dataset.cli.options import ConfigHelp, add_config_args, add_progress_arg
 from hs_dataset.cli.plan import show_plan
 from hs_dataset.cli.render import print_rejects, size
 from hs_dataset.cli.scale import add_build_args, scaleout_build, wants_scaleout
+from hs_dataset.cli.stream import add_stream_args, stream_sink
 from hs_dataset.errors import ConfigError, EmptyBuildError, RejectRateError
 from hs_dataset.layout import REJECTS_FILE
 
@@ -45,6 +46,7 @@ def cmd_build(a: argparse.Namespace) -> int:
         if not a.version:
             raise ConfigError("--push needs --version, e.g. --push org/name --version v1.0")
         check_hub(need_token=True)  # before the build, not after its GPU hours
+    sink = stream_sink(a, wants_scaleout(a))  # --stream: trainers read the rows as they are made (cli/stream.py)
     if wants_scaleout(a):  # --workers / --worker-index / --ray: one worker of many (cli/scale.py)
         merged = scaleout_build(a, config, command_line())
         if merged is None:  # this worker's share is built; the worker of the last one merges (and pushes)
@@ -53,7 +55,7 @@ def cmd_build(a: argparse.Namespace) -> int:
     else:
         try:
             s = build(config, a.output, progress=not a.no_progress, build_command=command_line(),
-                      allow_shrink=a.allow_shrink)
+                      allow_shrink=a.allow_shrink, sink=sink)
         except EmptyBuildError:
             rejects = read_rejects(a.output)
             if rejects:
@@ -103,4 +105,5 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     b.add_argument("--version", help="version tag for --push, e.g. v1.0")
     b.add_argument("--force", action="store_true", help="with --push: replace an existing version")
     add_build_args(b)
+    add_stream_args(b)
     b.set_defaults(fn=cmd_build)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import datasets
+import pyarrow as pa
 from datasets.builder import Key
 
 from hs_dataset.write.capture_stream import CaptureStream
@@ -66,6 +67,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         stream: a :class:`~hs_dataset.write.capture_stream.CaptureStream` serving this part (continuously
             batching backends).
         on_row: called after every written row with ``(num_tokens, payload_bytes)`` (progress).
+        on_table: called with ``(index, sample_id, table)`` for every written row, before the shard writer
+            gets it (``index`` counts the written rows from 0; a :class:`~hs_dataset.write.sink.RowSink`).
     """
 
     BUILDER_CONFIG_CLASS = HiddenStatesBuilderConfig
@@ -74,7 +77,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
     def __init__(self, *args: Any, config: HiddenStatesConfig | None = None, resolved: ResolvedBuild | None = None,
                  part: tuple[int, int] | None = None, backend: CaptureBackend | None = None,
                  on_row: Callable[[int, int], None] | None = None, stream: CaptureStream | None = None,
-                 **kwargs: Any):
+                 on_table: Callable[[int, str, pa.Table], None] | None = None, **kwargs: Any):
         if resolved is None and config is not None:
             resolved = resolve_build(config, info=backend.info if backend is not None else None)
         if resolved is not None:  # datasets >= 4 builders take their config's fields as keyword arguments
@@ -83,6 +86,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         self._part = part
         self._backend = backend
         self._on_row = on_row
+        self._on_table = on_table
         self._stream = stream
         self.counts = Counts()
         self.rejects: list[Reject] = []
@@ -166,7 +170,10 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                     continue
                 self.counts.written += 1
                 self.counts.tokens_written += item.sample.num_tokens
-                yield Key(0, i), row_table(row, schema)
+                table = row_table(row, schema)
+                if self._on_table is not None:
+                    self._on_table(i, item.sample.sample_id, table)
+                yield Key(0, i), table
                 i += 1
                 if self._on_row is not None:
                     self._on_row(item.sample.num_tokens, item.states.numel() * item.states.element_size())
