@@ -28,6 +28,7 @@ trainer >= 0.95x plain.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -207,9 +208,10 @@ def main() -> None:
     source = make_source(work / "source.jsonl", a.samples, a.tokens)
     cfg = HiddenStatesConfig(model=model, layers=layers, source=str(source), max_length=a.tokens, part_size=a.part_size,
                              max_shard_bytes=4 << 30, **fields)
-    if a.backend != "sglang":  # warm up (the first build pays for imports, allocations, the kernels' first runs)
-        build(cfg, work / "warmup", backend=backend, progress=False)
-        shutil.rmtree(work / "warmup")
+    # warm up: the first build pays for imports, allocations, the kernels' first runs
+    build(dataclasses.replace(cfg, max_samples=min(a.samples, 2 * a.part_size)), work / "warmup", backend=backend,
+          progress=False)
+    shutil.rmtree(work / "warmup")
     modes = ["plain", "alone", "trainer"]
     for rep in range(a.reps):
         for mode in modes[rep % 3:] + modes[:rep % 3]:
@@ -232,6 +234,7 @@ def main() -> None:
                 if proc.wait(timeout=1800) != 0:
                     raise RuntimeError(f"the trainer exited with {proc.returncode}")
                 run["trainer"] = json.loads(result.read_text())
+                run["trainer_got_every_row"] = run["trainer"]["rows"] == s.counts.written
             res["runs"].append(run)
             print(json.dumps(run), flush=True)
             shutil.rmtree(out, ignore_errors=True)

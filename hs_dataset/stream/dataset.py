@@ -11,8 +11,8 @@ as it batches a finished build's.
 Resume: :meth:`StreamDataset.state_dict` is the rank's place (epoch, rows handed out): save it with
 the training checkpoint and give it back with :meth:`StreamDataset.load_state_dict` after a restart;
 the rank goes on from there, losing and repeating nothing of the epoch (the rows it took since then
-are read again from the spool or, once their part is committed, from ``data/``). It follows the
-torchdata ``Stateful`` protocol, so ``StatefulDataLoader`` saves it by itself.
+are read again from the spool or, once their part is committed, from ``data/``). It has the
+torchdata ``Stateful`` methods, which ``StatefulDataLoader`` calls.
 """
 
 from __future__ import annotations

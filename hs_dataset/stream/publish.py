@@ -110,6 +110,7 @@ class StreamPublisher:
         self._framing = 0  # the bytes a row's file takes beyond its buffers (schema, metadata, padding): learnt
         self._progress_at = time.monotonic()
         self._warned: set[str] = set()
+        self._behind: dict[str, int] = {}  # stalled readers -> the position they had taken: no rows for them
         self._failed = False
 
     # -- RowSink (the build's thread) -----------------------------------------------------------------
@@ -202,7 +203,7 @@ class StreamPublisher:
         self.stats.rows += 1
         g = self._position(part, index)
         self._refresh()
-        needs = [rid for rid, r in self._readers.items() if _needs(r, g)]
+        needs = [rid for rid, r in self._readers.items() if _needs(r, g) and rid not in self._behind]
         event: dict[str, Any] = {"e": "row", "part": part, "row": index, "id": sample_id, "spooled": False}
         if needs and not self._closing:
             nbytes = table.nbytes + self._framing  # what the file will take: the buffers and the stream's framing
@@ -239,7 +240,7 @@ class StreamPublisher:
             if self._bytes + nbytes <= self.budget_bytes or not self._spooled:
                 break
             if time.monotonic() - self._progress_at > self.stall_s:
-                self._evict_oldest()
+                self._leave_behind()
                 continue
             time.sleep(pause)
             pause = min(pause * 2, _POLL_S[1])
@@ -253,6 +254,9 @@ class StreamPublisher:
             if record.get("epoch", 0) == 0 and process_start(int(record["pid"])) == record.get("pid_start"):
                 readers[str(record["id"])] = record
         self._readers = readers
+        for rid, taken in list(self._behind.items()):
+            if rid not in readers or int(readers[rid]["taken"]) != taken:
+                del self._behind[rid]  # it took a row again (or went away): it is waited for again
         freed = False
         for rid in list(self._waiting):
             r, waiting = readers.get(rid), self._waiting[rid]
@@ -264,20 +268,25 @@ class StreamPublisher:
         if freed or not self._spooled:
             self._progress_at = time.monotonic()
 
-    def _evict_oldest(self) -> None:
+    def _leave_behind(self) -> None:
+        """The readers holding the oldest row took nothing for ``stall_s``: drop their rows and spool none for
+        them until they take a row again (they read such rows from ``data/`` once committed)."""
         g = next(iter(self._spooled))
         for rid, waiting in list(self._waiting.items()):
-            if waiting and waiting[0] == g:
-                waiting.popleft()
-                if rid not in self._warned:
-                    self._warned.add(rid)
-                    r = self._readers.get(rid, {})
-                    logger.warning("hs_dataset stream: reader %s (rank %s of %s, pid %s) took no row for %.0f s while "
-                                   "the build waited: the build goes on, and that reader reads such rows from data/ "
-                                   "once their part is committed", rid, r.get("rank"), r.get("world"), r.get("pid"),
-                                   self.stall_s)
-        self._drop(g)
-        self.stats.evicted += 1
+            if not waiting or waiting[0] != g:
+                continue
+            r = self._readers.get(rid, {})
+            self._behind[rid] = int(r.get("taken", -1))
+            logger.warning("hs_dataset stream: reader %s (rank %s of %s, pid %s) took no row for %.0f s while the build "
+                           "waited for it: the build goes on, and that reader reads its rows from data/ once their "
+                           "part is committed", rid, r.get("rank"), r.get("world"), r.get("pid"), self.stall_s)
+            while waiting:
+                self._release(waiting.popleft())
+                self.stats.evicted += 1
+            del self._waiting[rid]
+        if g in self._spooled:  # held by no stalled reader (cannot happen): never wait on it again
+            self._drop(g)
+            self.stats.evicted += 1
         self._progress_at = time.monotonic()
 
     def _release(self, g: int) -> None:

@@ -91,17 +91,16 @@ class LocalRows:
         alive = a is not None and builder_alive(a)
         if a is not None and not alive and a.get("ended") is None and a.get("spool"):
             remove_spool(a["spool"])  # a killed builder's spool: nobody else removes it
-        if (self.out / META_FILE).exists() and not alive:
-            ended = (a or {}).get("ended")
-            if a is None or ended is None or ended.get("finished"):
-                self._finish()
-                return
+        if (self.out / META_FILE).exists() and not alive:  # a build about to change data/ removes it first
+            self._finish()
+            return
         while self._extend():
             pass
 
     def _new_attempt(self, a: dict[str, Any]) -> None:
         self._token = a["token"]
         self._seen = {}
+        self._records, self._shards = {}, {}  # the new attempt's recovery may have dropped some
         self._counts = {p: n for p, n in self._counts.items() if self._record(p) is not None}  # a redone part may differ
         self._prefix = self._prefix[:1]
         self._spool = Path(a["spool"]) if a.get("spool") else None

@@ -297,3 +297,54 @@ def test_the_training_example_trains_while_the_build_runs(tiny_model, tmp_path):
     assert len(steps) == 40  # 16 batches of epoch 0 from the stream, the rest from the finished version
     loss = [s["loss"] for s in steps]
     assert sum(loss[-5:]) / 5 < sum(loss[:5]) / 5 - 0.05, loss
+
+
+def test_a_trainer_that_stops_taking_rows_is_left_behind(tiny_model, backend, tmp_path, caplog):
+    from hs_dataset.stream.rows import LocalRows
+
+    out = tmp_path / "out"
+    hung = LocalRows(out, seed=0, world=1, rank=0)  # attached (this process is alive) and never takes a row
+    hung.start_at(0)
+    stop = threading.Event()
+
+    def attach() -> None:
+        while not stop.is_set():
+            hung.refresh()  # registers with the build's spool as soon as it appears
+            time.sleep(0.02)
+
+    t = threading.Thread(target=attach)
+    t.start()
+    pub = WaitForReaders(1, budget_bytes=3 * ROW_BYTES, stall_s=1.0)
+    try:
+        s = build(config(tiny_model, max_samples=24), out, backend=backend, progress=False, sink=pub)
+    finally:
+        stop.set()
+        t.join()
+        hung.close()
+    assert s.counts.written == 24
+    assert pub.stats.evicted >= 1 and pub.stats.waited_s < 4  # one stall of 1 s, then it is not waited for again
+    assert "took no row for 1 s while the build waited" in caplog.text
+
+
+def test_a_spool_budget_beyond_the_memory_file_system_is_refused(tiny_model, backend, tmp_path):
+    from hs_dataset.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lower --stream-bytes"):
+        build(config(tiny_model, max_samples=4), tmp_path / "out", backend=backend, progress=False,
+              sink=StreamPublisher(budget_bytes=1 << 60))
+    assert not (tmp_path / "out" / ".hs_build" / "stream.json").exists()
+
+
+@pytest.mark.slow
+def test_the_stream_benchmark_runs(tmp_path):
+    out = tmp_path / "stream.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stream.py"), "--backend", "transformers",
+                        "--samples", "8", "--tokens", "64", "--part-size", "4", "--reps", "1", "--work",
+                        str(tmp_path / "work"), "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert set(res["tok_s"]) == {"plain", "alone", "trainer"} and all(v > 0 for v in res["tok_s"].values())
+    trainer = [run for run in res["runs"] if run["mode"] == "trainer"][0]
+    assert trainer["trainer_got_every_row"] and trainer["publisher"]["spooled"] >= 1
+    assert "trainer/plain" in res["ratios"] and res["trainer_wait_after_first_s"]
