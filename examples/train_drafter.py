@@ -9,6 +9,10 @@ downloaded once (resumable, every shard checked against its recorded hash) and m
 way at most one copy of the data is on disk (``hs_dataset.read.open_dataset``; ``load_dataset(dir)``
 would first convert the whole build into the ``datasets`` cache, a second copy).
 
+    # or train while it builds: start both; the trainer gets each row as the build makes it
+    hs-dataset build builder_scripts/tiny_demo.py --output demo_out --stream &
+    python examples/train_drafter.py demo_out --steps 40 --stream
+
 What each column does (EAGLE-3, one step of its training-time test):
 
 * ``aux_hidden_states`` (the captured layers, concatenated by ``DrafterCollator``): the draft head's
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -36,6 +41,7 @@ from torch.utils.data import DataLoader
 
 from hs_dataset.layout import layer_of
 from hs_dataset.read import TORCH_FORMAT, DrafterCollator, open_dataset
+from hs_dataset.stream import open_stream
 
 
 class DraftHead(torch.nn.Module):
@@ -56,9 +62,20 @@ class DraftHead(torch.nn.Module):
         return self.norm(self.layer(x, src_mask=causal, is_causal=True))
 
 
+def build_info(data: Path) -> tuple[Path, int]:
+    """The target model's directory and the number of captured layers: hs_dataset.json's, or while the
+    build still runs (--stream) its .hs_build/build.json."""
+    meta = data / "hs_dataset.json"
+    if meta.exists():
+        m = json.loads(meta.read_text())
+        return Path(m["model"]["path"]), len(m["layers"])
+    m = json.loads((data / ".hs_build" / "build.json").read_text())
+    return Path(m["model"]), len(m["layers"])
+
+
 def target_weights(data: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target model's embedding and lm_head (float32), from its safetensors (path in the build's hs_dataset.json)."""
-    model = Path(json.loads((data / "hs_dataset.json").read_text())["model"]["path"])
+    """The target model's embedding and lm_head (float32), from its safetensors (path in hs_dataset.json)."""
+    model = build_info(data)[0]
     tensors = {}
     for f in sorted(model.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
@@ -77,17 +94,29 @@ def main(argv: list[str] | None = None) -> list[float]:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max-length", type=int, default=256, help="tokens per sample trained on")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--stream", action="store_true",
+                    help="train while it builds: read the build as it runs (hs-dataset build ... --stream), then "
+                         "its finished version (README: Train while it builds)")
     a = ap.parse_args(argv)
     torch.manual_seed(0)
 
-    ds = open_dataset(a.data, revision=a.revision).with_format(TORCH_FORMAT)  # rows of bf16 tensors, zero-copy
-    layers = [c for c in ds.column_names if layer_of(c) is not None]  # not the fp8 builds' *_scale columns
-    embed, lm_head = target_weights(Path(ds.cache_files[0]["filename"]).parent.parent)  # the build (or download) folder
-    draft = DraftHead(embed.shape[1], len(layers), embed)
+    collate = DrafterCollator(max_length=a.max_length)
+    if a.stream:  # epoch 0 as the build makes the rows, later epochs from the version, seeded
+        folder = Path(a.data)
+        while not (folder / ".hs_build" / "build.json").exists() and not (folder / "hs_dataset.json").exists():
+            time.sleep(0.1)  # the build has not started yet
+        loader = DataLoader(open_stream(folder, seed=0), batch_size=a.batch, collate_fn=collate)
+        n_layers = build_info(folder)[1]
+    else:
+        ds = open_dataset(a.data, revision=a.revision).with_format(TORCH_FORMAT)  # rows of bf16 tensors, zero-copy
+        n_layers = len([c for c in ds.column_names if layer_of(c) is not None])  # not the fp8 *_scale columns
+        folder = Path(ds.cache_files[0]["filename"]).parent.parent  # the build (or download) folder
+        loader = DataLoader(ds, batch_size=a.batch, shuffle=True, collate_fn=collate,
+                            generator=torch.Generator().manual_seed(0), num_workers=a.workers,
+                            persistent_workers=a.workers > 0)
+    embed, lm_head = target_weights(folder)
+    draft = DraftHead(embed.shape[1], n_layers, embed)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=a.lr)
-    loader = DataLoader(ds, batch_size=a.batch, shuffle=True, collate_fn=DrafterCollator(max_length=a.max_length),
-                        generator=torch.Generator().manual_seed(0), num_workers=a.workers,
-                        persistent_workers=a.workers > 0)
 
     losses: list[float] = []
     while len(losses) < a.steps:

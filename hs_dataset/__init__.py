@@ -15,7 +15,8 @@ beside it. The entry points, imported lazily (``import hs_dataset`` pulls in nei
   SpecForge, speculators and ModelOpt;
 * :func:`build_share`, :func:`share_parts`, :func:`merge_shares`, :func:`build_with_ray`: one version
   built by many workers (``build_shard``, ``shard_parts`` and ``merge_shards``, their names before 0.3,
-  still work and warn).
+  still work and warn);
+* :func:`open_stream` and :class:`StreamPublisher`: train while it builds (``stream``).
 """
 
 from __future__ import annotations
@@ -39,14 +40,16 @@ _EXPORTS = {
     "import_dataset": "hs_dataset.interop",
     "build_share": "hs_dataset.scale.worker", "share_parts": "hs_dataset.write.shares",
     "merge_shares": "hs_dataset.scale.merge", "build_with_ray": "hs_dataset.scale.ray",
+    "open_stream": "hs_dataset.stream.dataset", "StreamPublisher": "hs_dataset.stream.publish",
 }
 # Names of 0.2, kept working (with a FutureWarning): a worker's share of a build was called a shard.
 _RENAMED = {"build_shard": "build_share", "shard_parts": "share_parts", "merge_shards": "merge_shares"}
 
 __all__ = [
-    "BuildSummary", "DrafterCollator", "HiddenStatesConfig", "ProbeOptions", "__version__", "build", "build_share",
-    "build_with_ray", "decode_row", "export_dataset", "export_specforge", "import_dataset", "iter_torch", "list_versions",
-    "merge_shares", "open_dataset", "push_dataset", "share_parts", "verify_build", "verify_repo",
+    "BuildSummary", "DrafterCollator", "HiddenStatesConfig", "ProbeOptions", "StreamPublisher", "__version__", "build",
+    "build_share", "build_with_ray", "decode_row", "export_dataset", "export_specforge", "import_dataset", "iter_torch",
+    "list_versions", "merge_shares", "open_dataset", "open_stream", "push_dataset", "share_parts", "verify_build",
+    "verify_repo",
 ]
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below gives, for type checkers and IDEs
@@ -64,6 +67,8 @@ if TYPE_CHECKING:  # what the lazy __getattr__ below gives, for type checkers an
     from hs_dataset.scale.merge import merge_shares
     from hs_dataset.scale.ray import build_with_ray
     from hs_dataset.scale.worker import build_share
+    from hs_dataset.stream.dataset import open_stream
+    from hs_dataset.stream.publish import StreamPublisher
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,8 @@ __all__ = [
     "ForeignFilesError", "HsDatasetError", "HubAccessError", "IntegrityError", "InteropError", "MissingPathError",
     "NonFiniteError",
     "NotABuildError", "OutputWriteError", "PublishError", "RejectRateError", "RepoIdError", "RequestError", "SampleError",
-    "SecretLeakError", "ShareError", "TokenizeWorkerError", "TransportError", "VersionExistsError", "VersionNameError",
+    "SecretLeakError", "ShareError", "StreamError", "TokenizeWorkerError", "TransportError", "VersionExistsError",
+    "VersionNameError",
 ]
 
 
@@ -154,6 +155,11 @@ class TransportError(HsDatasetError, RuntimeError):
 
 class RequestError(TransportError):
     """One request cannot be captured (e.g. a radix-cache hit); its sample is rejected with this reason."""
+
+
+class StreamError(HsDatasetError, RuntimeError):
+    """A trainer's stream of a build cannot go on (no build came within its timeout, a resume state of
+    another deal, DataLoader workers)."""
 
 
 # -- publishing and interop ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from hs_dataset.cli.options import ConfigHelp, add_config_args, add_progress_arg
 from hs_dataset.cli.plan import duration, show_plan
 from hs_dataset.cli.render import duplicates_line, print_rejects, size
 from hs_dataset.cli.scale import add_build_args, scaleout_build, wants_scaleout
+from hs_dataset.cli.stream import add_stream_args, stream_sink
 from hs_dataset.errors import ConfigError, EmptyBuildError, RejectRateError
 from hs_dataset.hub.names import check_repo_id, check_version_name
 from hs_dataset.layout import DUPLICATE_STAGE, META_FILE, REJECTS_FILE
@@ -62,6 +63,7 @@ def cmd_build(a: argparse.Namespace) -> int:
         from hs_dataset.hub.access import check_hub  # deferred: huggingface_hub
 
         check_hub(need_token=True)  # before the build, not after its GPU hours
+    sink = stream_sink(a, wants_scaleout(a))  # --stream: trainers read the rows as they are made (cli/stream.py)
     from hs_dataset.write.driver import build  # deferred: imports torch, datasets
 
     if wants_scaleout(a):  # --workers / --worker-index / --ray: one worker of many (cli/scale.py)
@@ -73,7 +75,7 @@ def cmd_build(a: argparse.Namespace) -> int:
     else:
         try:
             s = build(config, a.output, progress=not a.no_progress, build_command=command_line(),
-                      allow_shrink=a.allow_shrink)
+                      allow_shrink=a.allow_shrink, sink=sink)
         except EmptyBuildError:
             rejects = read_rejects(a.output)
             if rejects:
@@ -124,4 +126,5 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     b.add_argument("--version", help="version tag for --push, e.g. v1.0")
     b.add_argument("--force", action="store_true", help="with --push: replace an existing version")
     add_build_args(b)
+    add_stream_args(b)
     b.set_defaults(fn=cmd_build)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import datasets
+import pyarrow as pa
 from datasets.builder import Key
 
 from hs_dataset.write.capture_stream import CaptureStream
@@ -74,6 +75,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
             batching backends).
         on_row: called after every written row with ``(num_tokens, payload_bytes)`` (progress).
         workers: the build's tokenize workers (None: tokenize in this process).
+        on_table: called with ``(index, sample_id, table)`` for every written row, before the shard writer
+            gets it (``index`` counts the written rows from 0; a :class:`~hs_dataset.write.sink.RowSink`).
     """
 
     BUILDER_CONFIG_CLASS = HiddenStatesBuilderConfig
@@ -82,7 +85,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
     def __init__(self, *args: Any, config: HiddenStatesConfig | None = None, resolved: ResolvedBuild | None = None,
                  part: tuple[int, int] | None = None, backend: CaptureBackend | None = None,
                  on_row: Callable[[int, int], None] | None = None, stream: CaptureStream | None = None,
-                 workers: TokenizeWorkers | None = None, **kwargs: Any):
+                 workers: TokenizeWorkers | None = None,
+                 on_table: Callable[[int, str, pa.Table], None] | None = None, **kwargs: Any):
         if resolved is None and config is not None:
             resolved = resolve_build(config, info=backend.info if backend is not None else None)
         if resolved is not None:  # datasets >= 4 builders take their config's fields as keyword arguments
@@ -91,6 +95,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         self._part = part
         self._backend = backend
         self._on_row = on_row
+        self._on_table = on_table
         self._stream = stream
         self._workers = workers
         self.counts = Counts()
@@ -215,8 +220,11 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 while rows:  # each row's dict dropped once written (and counted): it views the ring
                     row = rows.pop(0)
                     stats.add(row)  # on its worker thread, while the row is written
-                    yield Key(0, i), row_table(row, schema)
-                    del row
+                    table = row_table(row, schema)
+                    if self._on_table is not None:
+                        self._on_table(i, sid, table)
+                    yield Key(0, i), table
+                    del row, table
                     i += 1
                 if item.last:
                     partial.pop(sid, None)

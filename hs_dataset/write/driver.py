@@ -44,12 +44,13 @@ import datasets
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.finalize import finalize
 from hs_dataset.write.output import check_output, lock_output, output_error
-from hs_dataset.write.parts import commit_part, generate_part
+from hs_dataset.write.parts import GeneratedPart, commit_part, generate_part
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import resolve_build, start_tokenize_workers
 from hs_dataset.write.resume import (check_resume, check_shrink, full_check, invalidate_finished, part_ranges, part_record,
                                      recover)
 from hs_dataset.write.shares import WorkerShare, begin_share, finish_share
+from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.backends import make_backend
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
@@ -87,7 +88,7 @@ class BuildSummary:
 
 def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend: CaptureBackend | None = None,
           progress: bool = True, build_command: str | None = None, allow_shrink: bool = False,
-          share: WorkerShare | None = None) -> BuildSummary:
+          share: WorkerShare | None = None, sink: RowSink | None = None) -> BuildSummary:
     """Build (or resume building) the dataset of ``config`` into ``output_dir``.
 
     Args:
@@ -101,6 +102,8 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
         share: only this worker's share of the parts, into a share build that
             :func:`hs_dataset.scale.merge.merge_shares` joins with the others (use
             :func:`hs_dataset.scale.worker.build_share`).
+        sink: gets every row as it is generated and each part's commit (:mod:`hs_dataset.write.sink`), e.g.
+            a :class:`hs_dataset.stream.StreamPublisher` that trainers read while the build runs.
 
     Raises:
         ForeignFilesError: the output holds files hs_dataset did not write (nothing is touched).
@@ -117,7 +120,7 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
     """
     out = Path(output_dir)
     try:
-        return _build(config, out, backend, progress, build_command, allow_shrink, share)
+        return _build(config, out, backend, progress, build_command, allow_shrink, share, sink)
     except OSError as e:
         err = output_error(e, out)
         if err is None or err is e:
@@ -126,7 +129,8 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
 
 
 def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None, progress: bool,
-           build_command: str | None, allow_shrink: bool, share: WorkerShare | None) -> BuildSummary:
+           build_command: str | None, allow_shrink: bool, share: WorkerShare | None,
+           sink: RowSink | None) -> BuildSummary:
     t0 = time.time()
     state = out / STATE_DIR
     check_output(out, config.source)  # an output that is not ours is refused before anything is touched
@@ -134,6 +138,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
     (out / DATA_DIR).mkdir(exist_ok=True)
     lock = lock_output(out, state)
     parts: list[tuple[int, int, int]] = []
+    finished = False
     try:
         _, secrets = redact(config.to_dict())
         if build_command is not None:
@@ -165,6 +170,8 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                 mark_damaged(out, damaged)
                 done = recover(out, state, parts)
         todo = [p for p in parts if p[0] not in done]
+        if sink is not None:
+            sink.start(out, parts, done)
         bar = BuildProgress(sum(p[2] - p[1] for p in parts), sum(p[2] - p[1] for p in parts if p[0] in done), progress,
                             parts_total=len(parts), parts_done=len(done))
         own_backend = False
@@ -185,12 +192,14 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                     stream = CaptureStream(resolved, backend, [(s, e) for _, s, e in todo], workers=workers)
                 if i == todo[0][0]:
                     invalidate_finished(out, state)  # data/ is about to change
-                generated = generate_part(resolved, out, state, i, start, stop, backend, bar, stream, workers)
+                generated = generate_part(resolved, out, state, i, start, stop, backend, bar, stream, workers, sink)
+                if sink is not None:
+                    sink.generated(i, generated.counts.rows_written)
                 if committing is not None:  # at most one part committing while the next one is captured
                     committing.result()
                     built += 1
                     bar.part_done()
-                committing = committer.submit(commit_part, out, state, generated, ext)
+                committing = committer.submit(_commit, out, state, generated, ext, sink)
             if committing is not None:
                 committing.result()
                 built += 1
@@ -210,6 +219,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             counts = finalize(resolved, out, state, parts, backend if built else None, build_command)
         else:
             counts = finish_share(state, parts)  # hs_dataset.scale.merge finalizes the merged build
+        finished = True
         shutil.rmtree(state / "staging", ignore_errors=True)
         shutil.rmtree(state / "cache", ignore_errors=True)  # datasets' per-part lock files
         nbytes = sum(f.stat().st_size for f in (out / DATA_DIR).glob(f"*.{ext}"))
@@ -217,4 +227,13 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
     except KeyboardInterrupt:  # after the committer finished: the parts recorded now are kept
         raise BuildInterrupted(sum(part_record(state, i).exists() for i, _, _ in parts), len(parts)) from None
     finally:
+        if sink is not None:
+            sink.end(finished)
         os.close(lock)
+
+
+def _commit(out: Path, state: Path, generated: GeneratedPart, ext: str, sink: RowSink | None) -> None:
+    """:func:`commit_part` on the committer thread, then the sink hears of the commit."""
+    commit_part(out, state, generated, ext)
+    if sink is not None:
+        sink.committed(generated.i)

@@ -28,6 +28,7 @@ from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
 from hs_dataset.write.resume import part_files, part_record
+from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.codec.coding import arrow_to_parquet
@@ -96,9 +97,10 @@ def _discard_part(out: Path, state: Path, i: int, ext: str) -> None:
 
 def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start: int, stop: int,
                   backend: CaptureBackend, bar: BuildProgress, stream: CaptureStream | None,
-                  workers: TokenizeWorkers | None = None) -> GeneratedPart:
+                  workers: TokenizeWorkers | None = None, sink: RowSink | None = None) -> GeneratedPart:
     """Capture and write part ``i`` (source rows ``[start, stop)``) into its staging folder (the main thread's
-    work; ``workers``: the build's tokenize workers, when ``stream`` does not serve the part)."""
+    work; ``workers``: the build's tokenize workers, when ``stream`` does not serve the part; ``sink`` gets each
+    row as it is written: :mod:`hs_dataset.write.sink`)."""
     config = resolved.config
     staging = _staging(state, i)
     try:
@@ -106,8 +108,10 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
             f.unlink()
         _clear_staging(state, i)
         staging.parent.mkdir(parents=True, exist_ok=True)
+        on_table = None if sink is None else lambda k, sample_id, table: sink.row(i, k, sample_id, table)
         builder = HiddenStatesBuilder(resolved=resolved, part=(start, stop), backend=backend, on_row=bar.row,
-                                      stream=stream, workers=workers, cache_dir=str(state / "cache"))
+                                      stream=stream, workers=workers, on_table=on_table,
+                                      cache_dir=str(state / "cache"))
         _generate(builder, staging, config)
         counts = builder.counts
         if counts.samples_in != stop - start:
