@@ -119,12 +119,10 @@ def hub_client_env(hub, home: str | os.PathLike, token: str | None = None) -> It
 
 
 def features():
-    from datasets import Array2D, Features, List, Value
+    """The builder's own schema for LAYERS at HIDDEN in bf16 (hs_dataset.codec.encode.make_features)."""
+    from hs_dataset.codec.encode import make_features
 
-    feats = {"id": Value("string"), "input_ids": List(Value("int32")), "loss_mask": List(Value("int8"))}
-    for layer in LAYERS:
-        feats[f"hidden_layer_{layer}"] = Array2D(shape=(None, HIDDEN), dtype="uint16")
-    return Features(feats)
+    return make_features(LAYERS, HIDDEN)
 
 
 def make_rows(n: int, *, start: int = 0, seed: int = 0) -> list[dict]:
@@ -136,27 +134,20 @@ def make_rows(n: int, *, start: int = 0, seed: int = 0) -> list[dict]:
         row: dict[str, Any] = {
             "id": f"sample-{i:06d}",
             "input_ids": rng.integers(0, 50_000, size=length, dtype=np.int32).tolist(),
-            "loss_mask": rng.integers(0, 2, size=length, dtype=np.int8).tolist(),
+            "loss_mask": rng.integers(0, 2, size=length, dtype=np.uint8).tolist(),
+            "num_tokens": length,
         }
-        for layer in LAYERS:
+        for column in [f"hidden_layer_{layer}" for layer in LAYERS] + ["hidden_final"]:
             # any uint16 bit pattern, including NaN/inf bfloat16 encodings: must survive bit-exactly
-            row[f"hidden_layer_{layer}"] = rng.integers(0, 65536, size=(length, HIDDEN), dtype=np.uint16)
+            row[column] = rng.integers(0, 65536, size=(length, HIDDEN), dtype=np.uint16)
         rows.append(row)
     return rows
 
 
-def _readme(feats, n_rows: int, num_bytes: int) -> str:
-    from datasets import DatasetInfo, SplitDict, SplitInfo
-    from datasets.info import DatasetInfosDict
-    from huggingface_hub import DatasetCardData
+def _readme(metadata: dict, n_rows: int, num_bytes: int) -> str:
+    from hs_dataset.write.card import readme_header
 
-    info = DatasetInfo(features=feats, splits=SplitDict({"train": SplitInfo("train", num_bytes, n_rows)}))
-    card_data = DatasetCardData()
-    card_data["configs"] = [
-        {"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*.arrow"}]}
-    ]
-    DatasetInfosDict({"default": info}).to_dataset_card_data(card_data)
-    return f"---\n{card_data.to_yaml()}\n---\n\n# Hidden states (built locally)\n\nBuilt by hs_dataset.\n"
+    return readme_header(metadata, n_rows, num_bytes, "arrow") + "\n# Hidden states (built locally)\n\nBuilt by hs_dataset.\n"
 
 
 def write_built_dataset(
@@ -206,12 +197,12 @@ def write_built_dataset(
         "bytes": total_bytes,
         "backend": {"name": "sglang", "versions": {"sglang": "0.5.11", "torch": "2.13.0", "datasets": "5.2.0"}},
         "build_command": build_command,
-        "columns": list(feats),
+        "columns": [c for c in feats if c.startswith("hidden_")],
         "shards": entries,
     }
     metadata.update(extra_metadata or {})
     (out / "hs_dataset.json").write_text(json.dumps(metadata, indent=2) + "\n")
-    (out / "README.md").write_text(_readme(feats, len(rows), total_bytes))
+    (out / "README.md").write_text(_readme(metadata, len(rows), total_bytes))
     with open(out / "rejects.jsonl", "w") as f:
         for j in range(rejected):
             f.write(json.dumps({"id": f"rejected-{j}", "reason": "too_long", "length": 4096}) + "\n")

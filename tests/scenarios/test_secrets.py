@@ -30,16 +30,21 @@ URL_PASSWORD = "planted-url-pass-5b8c41"
 PLANTED = (API_KEY, ENGINE_KEY, URL_PASSWORD)
 
 # Runs the real CLI (`hs-dataset build ... --push`). The transformers backend takes none of the
-# SGLang-style options planted here, so they are removed from what starts it (only from that).
+# SGLang-style options planted here, so they are removed from what starts it and from the check of the
+# backend's options (only from those).
 DRIVER = """
 import json, logging, sys
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+import hs_dataset.cli.options as O
 import hs_dataset.write.driver as W
+PLANTED = ("api_key", "engine_args", "sglang_url")
 real = W.make_backend
 def make_backend(name, model, layers, *, revision=None, options=None, **kw):
-    options = {k: v for k, v in (options or {}).items() if k not in ("api_key", "engine_args", "sglang_url")}
+    options = {k: v for k, v in (options or {}).items() if k not in PLANTED}
     return real(name, model, layers, revision=revision, options=options, **kw)
 W.make_backend = make_backend
+real_check = O.check_backend_options
+O.check_backend_options = lambda name, options: real_check(name, {k: v for k, v in options.items() if k not in PLANTED})
 from hs_dataset import cli
 sys.argv = ["hs-dataset", *json.load(open(sys.argv[1]))]
 sys.exit(cli.main(sys.argv[1:]))
