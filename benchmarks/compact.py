@@ -9,7 +9,8 @@ of the source's conversations). Rows of the table, each built with ``build()`` (
   bf16                     the exact bf16 states (Arrow shards)
   fp8                      fp8 e4m3 + per-token scales, quantized on the GPU
   fp8 + teacher            fp8, the teacher's top-64 at masked positions, no hidden_final
-  fp8 + teacher + coding   the same as Parquet shards with byte planes + zstd
+  fp8 + teacher + coding   the same with compression=zstd (Arrow shards, zstd buffers)
+  (--parquet) the same as Parquet shards with byte planes + zstd (slow: hs_dataset.codec.coding)
 
 with: bytes per token on disk, build tok/s vs the engine's plain prefill of the same ids (request ids
 not ours, measured before) and vs the disk's write rate over the row's bytes per token, and the reader's
@@ -37,8 +38,10 @@ ROWS = [  # name, config fields
     ("fp8", {"storage_dtype": "fp8_e4m3"}),
     ("fp8 + teacher", {"storage_dtype": "fp8_e4m3", "teacher": "topk:64", "store_final": False}),
     ("fp8 + teacher + coding", {"storage_dtype": "fp8_e4m3", "teacher": "topk:64", "store_final": False,
-                                "file_format": "parquet"}),
+                                "compression": "zstd"}),
 ]
+PARQUET_ROW = ("fp8 + teacher + parquet", {"storage_dtype": "fp8_e4m3", "teacher": "topk:64", "store_final": False,
+                                           "file_format": "parquet"})
 
 
 def source(path: Path, samples: int, tokens: int) -> Path:
@@ -51,7 +54,7 @@ def source(path: Path, samples: int, tokens: int) -> Path:
     return path
 
 
-def read_rate(out: Path, parquet: bool) -> float:
+def read_rate(out: Path, coded: bool) -> float:
     """Decoded state bytes per second over every row of a build."""
     import datasets
     import torch
@@ -59,7 +62,7 @@ def read_rate(out: Path, parquet: bool) -> float:
     from hs_dataset.read.iterate import iter_torch
     from hs_dataset.read.open import open_dataset
 
-    ds = datasets.load_dataset(str(out), split="train", streaming=True) if parquet else open_dataset(out)
+    ds = datasets.load_dataset(str(out), split="train", streaming=True) if coded else open_dataset(out)
     t, n = time.time(), 0
     for row in iter_torch(ds):
         n += sum(v.numel() * v.element_size() for k, v in row.items()
@@ -68,7 +71,7 @@ def read_rate(out: Path, parquet: bool) -> float:
 
 
 def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate: float | None = None,
-        deadline: float | None = None) -> None:
+        deadline: float | None = None, parquet: bool = False) -> None:
     """The table (see the module docstring) on a started SGLangBackend ``be``, into ``res["compact"]``."""
     from hs_dataset.config import HiddenStatesConfig
     from hs_dataset.prepare.samples import tokenized_samples
@@ -95,7 +98,7 @@ def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate
     out["plain_tok_s"] = round(max(plain(), plain()))
     dump()
     shm = Path("/dev/shm/hs-compact")
-    for name, fields in ROWS:
+    for name, fields in ROWS + ([PARQUET_ROW] if parquet else []):
         row = out.setdefault("rows", {}).setdefault(name, {})
         for where, root in (("shm", shm), ("disk", work / "compact")):
             if deadline is not None and time.time() > deadline:
@@ -119,7 +122,7 @@ def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate
             if where == "disk" and disk_rate:
                 row["build_disk/disk_allows"] = round(row["build_disk_tok_s"] / (disk_rate / bpt), 3)
             if where == "shm":
-                row["read_decoded_GBps"] = round(read_rate(dst, "file_format" in fields) / 1e9, 2)
+                row["read_decoded_GBps"] = round(read_rate(dst, "file_format" in fields or "compression" in fields) / 1e9, 2)
             shutil.rmtree(dst, ignore_errors=True)
             dump()
     shutil.rmtree(shm, ignore_errors=True)
@@ -131,6 +134,7 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/hs-compact")
     ap.add_argument("--samples", type=int, default=96)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--parquet", action="store_true", help="also the Parquet row (slow: hs_dataset.codec.coding)")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from long_context import ENGINE_ARGS, LAYERS, disk_write_rate
@@ -149,7 +153,7 @@ def main() -> None:
     be = SGLangBackend(a.model, LAYERS, max_inflight=64,
                        engine_args={k: v for k, v in ENGINE_ARGS.items() if k != "context_length"})
     try:
-        run(be, Path(a.model), work, a.samples, res, dump, disk_rate=res["disk_write_MBps"] * 1e6)
+        run(be, Path(a.model), work, a.samples, res, dump, disk_rate=res["disk_write_MBps"] * 1e6, parquet=a.parquet)
     finally:
         be.close()
 

@@ -21,8 +21,9 @@ fraction of their bytes and of their chunks v1 holds, and the bytes an upload wo
 files go through the real Xet client too (``hf_xet``, into a local CAS folder, no network): its own
 count of deduplicated bytes, beside ours (``--no-xet`` leaves it out).
 
-For each layout: ``file_format`` arrow | parquet, ``storage_dtype`` bfloat16 | fp8_e4m3, and record
-batches (Parquet row groups) of one row (``writer_batch_bytes=1``: what the default budget of 64 MiB
+For each layout: ``file_format`` arrow | parquet | zstd (Arrow shards with ``compression=zstd``),
+``storage_dtype`` bfloat16 | fp8_e4m3, and record batches (Parquet row groups) of one row
+(``writer_batch_bytes=1``: what the default budget of 64 MiB
 gives rows of 2048 tokens at Kimi width, ~117 MB each, or at an 8B Llama's, 67 MB), of 4 rows (what it
 gives a hidden-896 model's 2048-token rows, 14.7 MB each), or the default (at hidden 64, rows of 256
 tokens: a whole part is one record batch).
@@ -170,7 +171,10 @@ class Layout:
 
     def fields(self, args: argparse.Namespace, hidden: int) -> dict[str, Any]:
         """The config fields of this layout (``writer_batch_bytes`` for n rows of ``max_length`` tokens)."""
-        kw: dict[str, Any] = dict(file_format=self.file_format, storage_dtype=self.storage_dtype)
+        # "zstd": Arrow shards with zstd buffers (compression=zstd)
+        kw: dict[str, Any] = dict(file_format="arrow", compression="zstd") if self.file_format == "zstd" else \
+            dict(file_format=self.file_format)
+        kw["storage_dtype"] = self.storage_dtype
         if self.batch == "row":
             kw["writer_batch_bytes"] = 1
         elif self.batch != "default":
@@ -333,7 +337,7 @@ def main() -> int:
     ap.add_argument("--part-size", type=int, default=64)
     ap.add_argument("--max-shard-bytes", type=int, default=2**20)
     ap.add_argument("--max-length", type=int, default=256)
-    ap.add_argument("--formats", default="arrow,parquet")
+    ap.add_argument("--formats", default="arrow,zstd,parquet")
     ap.add_argument("--dtypes", default="bfloat16,fp8_e4m3")
     ap.add_argument("--batches", default="row,4,default",
                     help="row: one row per record batch (writer_batch_bytes=1); <n>: n rows; default: the default budget")

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hs_dataset.errors import ConfigError
-from hs_dataset.layout import (BACKENDS, DUPLICATES_POLICIES, FILE_FORMATS, MASK_MODES, NONFINITE_POLICIES,
-                               RESPONSES_MODES, SAMPLE_ID_MODES, STORAGE_DTYPES, TRUNCATION_MODES, DuplicatesPolicy,
+from hs_dataset.layout import (BACKENDS, COMPRESSIONS, DUPLICATES_POLICIES, FILE_FORMATS, MASK_MODES, NONFINITE_POLICIES,
+                               RESPONSES_MODES, SAMPLE_ID_MODES, STORAGE_DTYPES, TRUNCATION_MODES, Compression, DuplicatesPolicy,
                                FileFormat, MaskMode, NonfinitePolicy, ResponsesMode, SampleIdMode, StorageDtype,
                                TruncationMode, parse_teacher)
 
@@ -138,7 +138,9 @@ class HiddenStatesConfig:
                                             "of 1024 rows or more; 0: in the build's own process")
     writer_batch_bytes: int = _f(64 * 2**20, "Arrow record batch budget; a row this big goes alone, without a copy")
     max_shard_bytes: int = _f(2 * 2**30, "largest shard file")
-    file_format: FileFormat = _f("arrow", "shard format: arrow (zero-copy reads) or parquet")
+    file_format: FileFormat = _f("arrow", "shard format: arrow (zero-copy reads) or parquet (byte planes + zstd)")
+    compression: Compression = _f("none", "arrow shards: none (zero-copy reads), or zstd: lossless, each shard's buffers "
+                                          "zstd-compressed at the commit (read decoded, like parquet)")
     license: str = _f("unknown", "the dataset's license in its card (a Hub license id: apache-2.0, mit, cc-by-4.0, "
                                  "other...); the states derive from the model and the source: follow both their terms")
 
@@ -179,6 +181,10 @@ class HiddenStatesConfig:
             GenerationOptions.from_config(self.generation)  # unknown or bad options fail here
         elif self.generation:
             raise ConfigError("generation options are set but responses='source': set responses=regenerate")
+        if self.compression != "none" and self.file_format != "arrow":
+            raise ConfigError(f"compression={self.compression!r} is for arrow shards; parquet shards are coded with "
+                              "byte planes + zstd already: leave compression out", field="compression",
+                              value=self.compression)
         if self.duplicates == "skip" and self.responses == "regenerate":
             raise ConfigError("duplicates=skip needs responses=source: regenerated replies are not known before "
                               "capture (keep them: --set duplicates=keep)", field="duplicates", value=self.duplicates)
@@ -194,6 +200,8 @@ class HiddenStatesConfig:
             key.update(responses=self.responses, generation=GenerationOptions.from_config(self.generation).to_dict())
         if self.duplicates != "keep":  # likewise: builds made before duplicates existed keep their key
             key["duplicates"] = self.duplicates
+        if self.compression != "none":  # likewise: the shards' bytes differ, a resumed build must not mix them
+            key["compression"] = self.compression
         return key
 
     def to_dict(self) -> dict[str, Any]:
@@ -205,7 +213,7 @@ class HiddenStatesConfig:
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "mask": MASK_MODES, "truncation": TRUNCATION_MODES, "on_nonfinite": NONFINITE_POLICIES,
-    "sample_id": SAMPLE_ID_MODES, "file_format": FILE_FORMATS, "storage_dtype": STORAGE_DTYPES,
+    "sample_id": SAMPLE_ID_MODES, "file_format": FILE_FORMATS, "compression": COMPRESSIONS, "storage_dtype": STORAGE_DTYPES,
     "responses": RESPONSES_MODES, "duplicates": DUPLICATES_POLICIES,
 }
 CONTENT_FIELDS = ("model", "model_revision", "tokenizer", "layers", "max_length", "source", "sample_id", "mask",

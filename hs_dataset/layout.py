@@ -21,7 +21,8 @@ from typing import Literal, get_args
 
 __all__ = [
     "BACKENDS", "DAMAGED_FILE", "DATA_DIR", "DUPLICATES_FILE", "DUPLICATES_POLICIES", "DUPLICATE_STAGE",
-    "DuplicatesPolicy", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES", "META_FILE",
+    "COMPRESSIONS", "Compression", "DuplicatesPolicy", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES",
+    "META_FILE",
     "MESSAGES_COLUMN", "NONFINITE_POLICIES", "README_FILE", "REDACTED_FILE", "REJECTS_FILE", "RESPONSES_MODES",
     "SAMPLE_TOKENS_COLUMN", "TEACHER_IDS_COLUMN", "TEACHER_LOGPROBS_COLUMN", "TEACHER_LSE_COLUMN",
     "TOKEN_START_COLUMN", "parse_teacher",
@@ -38,6 +39,7 @@ TruncationMode = Literal["truncate", "reject"]  # longer than max_length: keep t
 NonfinitePolicy = Literal["fail", "reject"]  # NaN/Inf in a state: stop the build, or reject the sample
 SampleIdMode = Literal["row", "hash"]  # sample ids: <source>:<row>, or a content hash
 FileFormat = Literal["arrow", "parquet"]
+Compression = Literal["none", "zstd"]  # Arrow shards as written, or their buffers zstd-compressed
 StorageDtype = Literal["bfloat16", "fp8_e4m3"]  # exact bf16 bits, or fp8 e4m3 + a per-token scale
 BackendName = Literal["transformers", "sglang"]
 ResponsesMode = Literal["source", "regenerate"]  # assistant replies as in the source, or written by the target
@@ -48,6 +50,7 @@ TRUNCATION_MODES: tuple[str, ...] = get_args(TruncationMode)
 NONFINITE_POLICIES: tuple[str, ...] = get_args(NonfinitePolicy)
 SAMPLE_ID_MODES: tuple[str, ...] = get_args(SampleIdMode)
 FILE_FORMATS: tuple[str, ...] = get_args(FileFormat)
+COMPRESSIONS: tuple[str, ...] = get_args(Compression)
 STORAGE_DTYPES: tuple[str, ...] = get_args(StorageDtype)
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 RESPONSES_MODES: tuple[str, ...] = get_args(ResponsesMode)

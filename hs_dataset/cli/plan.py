@@ -74,8 +74,8 @@ def show_plan(config, a: argparse.Namespace) -> int:
         for line in histogram(lengths):
             print(line)
     print_rejects([r.to_dict() for r in p.rejects], p.sampled or p.rows)
-    print("on disk (states + input_ids + loss_mask; Arrow shards; parquet shards are coded losslessly, smaller by "
-          "what the states compress to)" + (", estimated:" if p.sampled else ":"))
+    print("on disk (states + input_ids + loss_mask, as Arrow shards; compression=zstd or parquet codes them "
+          "losslessly, smaller by what the states compress to)" + (", estimated:" if p.sampled else ":"))
     from hs_dataset.codec.sizes import storage_options  # deferred: imports nothing heavy, kept beside plan_costs
 
     this = config.storage_dtype + (f" + teacher {config.teacher}" if config.teacher else "") + \

@@ -1,4 +1,20 @@
-"""Lossless coding of a build's shards: Parquet with byte planes + zstd, read by plain ``load_dataset``.
+"""Lossless coding of a build's shards, read by plain ``load_dataset``: Arrow with zstd buffers, or Parquet
+with byte planes + zstd.
+
+``compression=zstd`` (:func:`compress_arrow`): the shard stays an Arrow IPC stream, its buffers
+compressed with zstd (level :data:`ZSTD_LEVEL`) by Arrow itself, which every Arrow reader (``datasets``,
+``load_dataset``, ``streaming=True``) decompresses. Measured on the 2-core VM over Kimi-width states
+(``benchmarks/storage.py``'s, 1,024 tokens x 4 states): bf16 to 0.779 of its size at 238 MB/s per core
+(read back at 617 MB/s), fp8 to 0.831 at 728 MB/s (read 870 MB/s).
+
+``file_format=parquet`` (:func:`arrow_to_parquet`), the same states: bf16 to 0.684, fp8 to 0.831 (an fp8
+code is one byte: no planes to split), but at 57 and 43 MB/s per core, read back at 22 and 74 MB/s:
+``datasets`` stores a ``[T, H]`` state as a list of lists, and Parquet encodes a repetition and a
+definition level for every one of its values. On the H200 a top-64-teacher fp8 build coded this way
+ran at 2,134 tok/s (0.018x of the engine). Parquet is for tools that want Parquet; zstd Arrow is the
+compact format that keeps up.
+
+Parquet's byte planes:
 
 bf16 bits are a sign, an 8-bit exponent and 7 mantissa bits: of a hidden state's two bytes, the high
 one (sign, exponent, one mantissa bit) takes few values and compresses well, the low one hardly at all;
@@ -10,12 +26,12 @@ byte planes + zstd (level :data:`ZSTD_LEVEL`); the others zstd. Pages are cut by
 (``datasets``' own content-defined chunking options), so a re-version that changes a few rows shares
 the rest of the file's pages.
 
-What it costs: Parquet has no zero-copy form, so a coded build is read decoded (``load_dataset(dir,
-streaming=True)``, or ``load_dataset(dir)``, which converts it into the ``datasets`` cache once); an
-Arrow build is memory-mapped as it is (:func:`hs_dataset.read.open_dataset`).
-
-:func:`arrow_to_parquet` codes one Arrow IPC stream shard (as the builder writes them) into a Parquet
-shard of the same rows, schema and metadata.
+What either costs: a coded shard has no zero-copy form, so a coded build is read decoded
+(``load_dataset(dir, streaming=True)``, or ``load_dataset(dir)``, which converts it into the ``datasets``
+cache once); an uncoded Arrow build is memory-mapped as it is (:func:`hs_dataset.read.open_dataset`).
+Both code one Arrow IPC stream shard (as the builder writes them) into a shard of the same rows, schema
+and metadata; the builder cuts a coded build's staging shards at :data:`CODED_SHARD_BYTES` so that a
+part's shards are coded on several threads at its commit.
 """
 
 from __future__ import annotations
@@ -25,8 +41,9 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["CDC_OPTIONS", "ZSTD_LEVEL", "arrow_to_parquet"]
+__all__ = ["CDC_OPTIONS", "CODED_SHARD_BYTES", "ZSTD_LEVEL", "arrow_to_parquet", "compress_arrow"]
 
+CODED_SHARD_BYTES = 256 * 2**20  # staging shards of a coded build: several per part, coded in parallel
 ZSTD_LEVEL = 1  # measured: higher levels gain ~1% on near-Gaussian states at several times the CPU
 CDC_OPTIONS = {"min_chunk_size": 256 * 1024, "max_chunk_size": 1024 * 1024, "norm_level": 0}  # datasets' defaults
 
@@ -51,6 +68,20 @@ def arrow_to_parquet(src: str | os.PathLike, dst: str | os.PathLike, state_colum
         with pq.ParquetWriter(str(dst), schema, compression="zstd", compression_level=ZSTD_LEVEL,
                               use_dictionary=others, column_encoding={leaf: "BYTE_STREAM_SPLIT" for leaf in planes},
                               use_content_defined_chunking=CDC_OPTIONS, write_page_index=True) as w:
+            for batch in reader:
+                w.write_batch(batch)
+                rows += batch.num_rows
+    return rows
+
+
+def compress_arrow(src: str | os.PathLike, dst: str | os.PathLike) -> int:
+    """Write the rows of the Arrow IPC stream file ``src`` as the Arrow IPC stream ``dst``, its buffers
+    compressed with zstd (same schema and metadata, same record batches); returns the rows written."""
+    rows = 0
+    options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=ZSTD_LEVEL), use_threads=False)
+    with pa.memory_map(str(src)) as f, pa.OSFile(str(dst), "wb") as out:
+        reader = pa.ipc.open_stream(f)
+        with pa.ipc.new_stream(out, reader.schema, options=options) as w:
             for batch in reader:
                 w.write_batch(batch)
                 rows += batch.num_rows

@@ -3,9 +3,10 @@
 For ``n_states`` states of width ``hidden`` (the captured layers and the final state), plus input_ids
 (int32) and loss_mask (uint8): bf16 (``2 H`` per state), fp8 (``H + 4``: one byte per value and a float32
 scale), and fp8 with the teacher's top-k in place of the final state (``k * 8 + 4`` bytes at each
-loss-masked position: :mod:`hs_dataset.codec.teacher`). Lossless coding (Parquet shards,
-:mod:`hs_dataset.codec.coding`) shrinks each by what the states' bytes compress to, which depends on the
-model: only a build says (``hs_dataset.json``'s ``bytes``).
+loss-masked position: :mod:`hs_dataset.codec.teacher`). Lossless coding (``compression=zstd`` or Parquet
+shards, :mod:`hs_dataset.codec.coding`) shrinks each by what the states' bytes compress to, which depends
+on the model: only a build says (``hs_dataset.json``'s ``bytes``; on the stand-in's random-weight states
+zstd gave 0.78 of bf16 and 0.83 of fp8).
 """
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ def open_dataset(path_or_repo: str | os.PathLike, *, revision: str | None = None
       DataLoader workers and nodes; of a repo, read over HTTP (``load_dataset(..., streaming=True)``),
       nothing written to disk.
 
-    Parquet shards have no zero-copy form and go through ``load_dataset`` (which converts them into the
-    ``datasets`` cache).
+    Coded shards (Parquet, zstd Arrow: ``hs_dataset.codec.coding``) have no zero-copy form and go through
+    ``load_dataset`` (which converts them into the ``datasets`` cache; ``streaming=True`` decodes them on the fly).
 
     Args:
         path_or_repo: a build directory, or a dataset repo id (``org/name``).
@@ -122,10 +122,11 @@ def open_dataset(path_or_repo: str | os.PathLike, *, revision: str | None = None
 
 
 def _open_local(root: Path, streaming: bool, num_shards: int | None) -> datasets.Dataset | datasets.IterableDataset:
-    _, shards = _checked_listing(root)
+    meta, shards = _checked_listing(root)
     if not shards:
         raise IntegrityError(f"{root} records no shards (no data/train-*.arrow or data/train-*.parquet): rebuild it")
-    if not shards[0]["name"].endswith(".arrow"):
+    coded = (meta.get("config") or {}).get("compression", "none") != "none"
+    if coded or not shards[0]["name"].endswith(".arrow"):  # no zero-copy form: decoded by datasets
         return datasets.load_dataset(str(root), split="train", streaming=streaming)
     parts = [datasets.Dataset.from_file(str(root / DATA_DIR / s["name"])) for s in shards]
     wrong = [Problem(f"{DATA_DIR}/{s['name']}", f"holds {len(d)} rows, {s['rows']} recorded")

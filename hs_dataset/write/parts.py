@@ -31,7 +31,7 @@ from hs_dataset.write.resume import part_files, part_record
 from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
-from hs_dataset.codec.coding import arrow_to_parquet
+from hs_dataset.codec.coding import CODED_SHARD_BYTES, arrow_to_parquet, compress_arrow
 from hs_dataset.codec.encode import stored_state_columns
 from hs_dataset.integrity.checksums import shard_entry
 from hs_dataset.layout import DATA_DIR, shard_name
@@ -46,9 +46,11 @@ def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesC
     err: BaseException | None = None
     try:
         # through ParallelLocalFileSystem: each large write split across threads (hs_dataset.write.parallel_files)
-        # always Arrow (zero-copy from the ring); a parquet build's shards are coded at the commit (codec.coding)
+        # always Arrow (zero-copy from the ring); a coded build's shards are coded at the commit (codec.coding)
+        coded = config.file_format == "parquet" or config.compression != "none"
         builder.download_and_prepare(parallel_url(staging), file_format="arrow",
-                                     max_shard_size=config.max_shard_bytes,
+                                     max_shard_size=min(config.max_shard_bytes, CODED_SHARD_BYTES) if coded
+                                     else config.max_shard_bytes,
                                      download_mode=datasets.DownloadMode.FORCE_REDOWNLOAD)
     except datasets.exceptions.DatasetGenerationError as e:
         if not isinstance(e.__cause__, Exception):
@@ -72,6 +74,7 @@ class GeneratedPart:
     dropped: tuple[str, ...] = ()  # samples whose rows must leave the shards before the commit
     state_columns: tuple[str, ...] = ()  # the hidden-state columns (coded with byte planes in parquet builds)
     quality: dict | None = None  # the rows' statistics (hs_dataset.integrity.stats.PartStatistics)
+    compression: str = "none"  # the build's compression of Arrow shards (coded at the commit)
 
 
 def _staging(state: Path, i: int) -> Path:
@@ -122,16 +125,21 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
     quality = builder.statistics.to_dict() if builder.statistics is not None else None
     return GeneratedPart(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions(),
                          tuple(sorted(builder.dropped)), tuple(stored_state_columns(resolved.layers, config.store_final)),
-                         quality)
+                         quality, config.compression)
 
 
-def _code_shards(shards: list[str], state_columns: tuple[str, ...]) -> list[str]:
-    """The staging Arrow shards coded as Parquet beside them (several at once), the Arrow files removed."""
+def _code_shards(shards: list[str], ext: str, compression: str, state_columns: tuple[str, ...]) -> list[str]:
+    """The staging Arrow shards coded (several at once): as Parquet beside them, or as zstd Arrow in their place."""
     def code(src: str) -> str:
-        dst = src[:-len(".arrow")] + ".parquet"
-        arrow_to_parquet(src, dst, list(state_columns))
-        os.unlink(src)
-        return dst
+        if ext == "parquet":
+            dst = src[:-len(".arrow")] + ".parquet"
+            arrow_to_parquet(src, dst, list(state_columns))
+            os.unlink(src)
+            return dst
+        tmp = src + ".zstd"
+        compress_arrow(src, tmp)
+        os.replace(tmp, src)
+        return src
 
     with cf.ThreadPoolExecutor(max_workers=max(1, min(len(shards), write_threads())),
                                thread_name_prefix="hs_dataset-code") as pool:
@@ -150,8 +158,8 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
         if g.dropped:  # rejected after some of their rows were written: no partial sample is committed
             for src in shards:
                 drop_rows(src, set(g.dropped))
-        if ext == "parquet":  # lossless coding, one thread per shard file (hs_dataset.codec.coding)
-            shards = _code_shards(shards, g.state_columns)
+        if ext == "parquet" or g.compression != "none":  # lossless coding, shards in parallel (codec.coding)
+            shards = _code_shards(shards, ext, g.compression, g.state_columns)
         files = []
         for k, src in enumerate(shards):  # size, rows and content hash, read back while in the page cache
             files.append(dict(shard_entry(src), name=shard_name(g.i, k, ext)))

@@ -1,6 +1,6 @@
-"""Lossless coding (issue 26, item 2): a parquet build's shards are byte planes + zstd; every row decodes bit for
-bit to the Arrow build's, through plain load_dataset (map-style and streaming) and the tensor reader, and the
-shards are smaller."""
+"""Lossless coding (issue 26, item 2): a parquet build's shards are byte planes + zstd, a compression=zstd build's
+are Arrow streams with zstd buffers; every row decodes bit for bit to the plain Arrow build's, through plain
+load_dataset (map-style and streaming) and the tensor reader, and the shards are smaller."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.errors import ConfigError
 from hs_dataset.integrity.verify import verify_build
 from hs_dataset.read.iterate import iter_torch
+from hs_dataset.read.open import open_dataset
 from hs_dataset.write.driver import build
 from tests.fixtures.builds import config, load_built
 
@@ -35,12 +38,36 @@ def test_a_coded_build_decodes_to_the_arrow_builds_rows(tiny_model, backend, tmp
     want = rows(load_built(tmp_path / "arrow"))
     for got in (rows(load_built(tmp_path / "parquet")),
                 rows(datasets.load_dataset(str(tmp_path / "parquet"), split="train", streaming=True))):
-        assert got.keys() == want.keys()
-        for sid, r in got.items():
-            for c, v in r.items():
-                if isinstance(v, torch.Tensor):
-                    same = torch.equal(v.view(torch.int16), want[sid][c].view(torch.int16)) \
-                        if v.dtype == torch.bfloat16 else torch.equal(v, want[sid][c])
-                    assert same, (sid, c)
+        same_rows(got, want)
     # random weights give near-Gaussian states: the tiny model's 64-wide states, as measured (not tuned)
     assert sizes["parquet"] < sizes["arrow"], sizes
+
+
+def same_rows(got: dict[str, dict], want: dict[str, dict]) -> None:
+    assert got.keys() == want.keys()
+    for sid, r in got.items():
+        for c, v in r.items():
+            if isinstance(v, torch.Tensor):
+                same = torch.equal(v.view(torch.int16), want[sid][c].view(torch.int16)) \
+                    if v.dtype == torch.bfloat16 else torch.equal(v, want[sid][c])
+                assert same, (sid, c)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8_e4m3"])
+def test_a_zstd_build_decodes_to_the_arrow_builds_rows(tiny_model, backend, tmp_path, dtype):
+    sizes = {}
+    for name, extra in (("plain", {}), ("zstd", {"compression": "zstd"})):
+        build(config(tiny_model, storage_dtype=dtype, teacher="topk:4", max_samples=12, **extra), tmp_path / name,
+              backend=backend, progress=False)
+        sizes[name] = sum(f.stat().st_size for f in (tmp_path / name / "data").iterdir())
+        assert verify_build(tmp_path / name).ok
+    want = rows(load_built(tmp_path / "plain"))
+    for got in (rows(open_dataset(tmp_path / "zstd")), rows(load_built(tmp_path / "zstd")),
+                rows(datasets.load_dataset(str(tmp_path / "zstd"), split="train", streaming=True))):
+        same_rows(got, want)
+    assert sizes["zstd"] < sizes["plain"], sizes
+
+
+def test_compression_is_for_arrow_shards(tiny_model):
+    with pytest.raises(ConfigError, match="compression='zstd' is for arrow shards"):
+        HiddenStatesConfig(model=tiny_model, source="x.jsonl", file_format="parquet", compression="zstd")

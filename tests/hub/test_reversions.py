@@ -43,8 +43,10 @@ def versions(tiny_model, tmp_path_factory):
             built[file_format] = {}
             for v in ("v1", "v2", "v3"):
                 out = work / f"{file_format}-{v}"
+                coding = {"file_format": "arrow", "compression": "zstd"} if file_format == "zstd" else \
+                    {"file_format": file_format}
                 build(config(tiny_model, source=str(getattr(sources, v)), max_samples=None, part_size=PART,
-                             writer_batch_bytes=1, max_shard_bytes=SHARD, file_format=file_format),
+                             writer_batch_bytes=1, max_shard_bytes=SHARD, **coding),
                       out, backend=backend, progress=False)
                 built[file_format][v] = out
         return built[file_format]
@@ -57,7 +59,7 @@ def shards(out: Path) -> list[Path]:
     return sorted((out / "data").iterdir())
 
 
-@pytest.mark.parametrize("file_format", ["arrow", "parquet"])
+@pytest.mark.parametrize("file_format", ["arrow", "zstd", "parquet"])
 def test_a_version_with_1pct_of_its_samples_changed_shares_95pct_of_its_chunks(versions, file_format):
     sources, get = versions
     b = get(file_format)
