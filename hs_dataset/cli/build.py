@@ -18,7 +18,7 @@ from hs_dataset.errors import ConfigError, EmptyBuildError, RejectRateError
 from hs_dataset.hub.names import check_repo_id, check_version_name
 from hs_dataset.layout import DUPLICATE_STAGE, META_FILE, REJECTS_FILE
 
-__all__ = ["DEFAULT_MAX_REJECT_RATE", "cmd_build", "print_duplicates", "register"]
+__all__ = ["DEFAULT_MAX_REJECT_RATE", "add_reject_rate_arg", "cmd_build", "print_duplicates", "register"]
 
 # More than 1 in 10 rows rejected is nearly always a mistake (the source's schema, the chat template,
 # max_length with truncation=reject), not data worth publishing; README "Resume, rejects, faults" says why.
@@ -33,6 +33,13 @@ def _rate(text: str) -> float:
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"{text!r}: a fraction of the samples, 0 to 1 (e.g. 0.25)")
     return v
+
+
+def add_reject_rate_arg(p: argparse.ArgumentParser, what: str, note: str) -> None:
+    """``--max-reject-rate FRACTION`` (build and import): exit 2 when more of the ``what`` than that."""
+    p.add_argument("--max-reject-rate", type=_rate, default=DEFAULT_MAX_REJECT_RATE, metavar="FRACTION",
+                   help=f"exit 2 with the reject breakdown when more of the {what} (default "
+                        f"{DEFAULT_MAX_REJECT_RATE:g}; {note})")
 
 
 def print_duplicates(out: str) -> None:
@@ -114,9 +121,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     b.add_argument("--dry-run", action="store_true",
                    help="read and tokenize the source, print the plan (samples, tokens, bytes, time); no model run "
                         "(= hs-dataset plan)")
-    b.add_argument("--max-reject-rate", type=_rate, default=DEFAULT_MAX_REJECT_RATE, metavar="FRACTION",
-                   help=f"exit 2 with the reject breakdown when more of the samples are rejected (default "
-                        f"{DEFAULT_MAX_REJECT_RATE:g}); a build with no sample written always fails")
+    add_reject_rate_arg(b, "samples are rejected", "a build with no sample written always fails")
     b.add_argument("--allow-shrink", action="store_true",
                    help="with a max_samples below the rows the output already holds: delete the rows beyond it "
                         "(refused otherwise)")

@@ -7,8 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from hs_dataset.cli.build import DEFAULT_MAX_REJECT_RATE
-from hs_dataset.cli.build import _rate as reject_rate
+from hs_dataset.cli.build import add_reject_rate_arg
 from hs_dataset.cli.options import add_progress_arg, layers_arg
 from hs_dataset.cli.render import print_rejects
 from hs_dataset.errors import ConfigError, RejectRateError
@@ -101,9 +100,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     m.add_argument("--skip-model-check", action="store_true",
                    help="do not recompute a few samples with --model on the CPU to check that it made the files "
                         "(for a model too large to run there; only the cheap checks run)")
-    m.add_argument("--max-reject-rate", type=reject_rate, default=DEFAULT_MAX_REJECT_RATE, metavar="FRACTION",
-                   help=f"exit 2 with the reject breakdown when more of the files are rejected (default "
-                        f"{DEFAULT_MAX_REJECT_RATE:g}; the import is kept), as hs-dataset build")
+    add_reject_rate_arg(m, "files are rejected", "the import is kept, as hs-dataset build")
     m.add_argument("--storage-dtype", default="bfloat16", choices=STORAGE_DTYPES)
     m.add_argument("--file-format", default="arrow", choices=FILE_FORMATS)
     m.add_argument("--trust-remote-code", action="store_true",

@@ -274,24 +274,22 @@ class LocalRows:
         if g > self._taken:
             self._taken = g
             if self._registered is not None:
-                try:
-                    self._write_record()
-                except OSError:
-                    self._registered = None  # the spool went away: the attempt ended
+                self._write_record()
 
     def _register(self) -> None:
         assert self._spool is not None
         self._registered = self._spool / "readers" / f"{self.id}.json"
-        try:
-            self._write_record()
-        except OSError:
-            self._registered = None  # the spool went away: the attempt ended
+        self._write_record()
 
     def _write_record(self) -> None:
+        """This reader's record in the spool (none when the spool went away: the attempt ended)."""
         assert self._registered is not None
-        write_json(self._registered, {"id": self.id, "pid": os.getpid(), "pid_start": process_start(os.getpid()),
-                                      "seed": self.seed, "world": self.world, "rank": self.rank, "epoch": 0,
-                                      "taken": self._taken})
+        try:
+            write_json(self._registered, {"id": self.id, "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+                                          "seed": self.seed, "world": self.world, "rank": self.rank, "epoch": 0,
+                                          "taken": self._taken})
+        except OSError:
+            self._registered = None
 
     def unregister(self) -> None:
         """Leave the spool: the builder stops keeping rows for this reader."""

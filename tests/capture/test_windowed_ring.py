@@ -21,7 +21,7 @@ from hs_dataset.integrity.verify import verify_build
 from hs_dataset.read.iterate import iter_torch
 from hs_dataset.records import TokenizedSample
 from hs_dataset.write.driver import build
-from tests.fixtures.builds import LAYERS, load_built
+from tests.fixtures.builds import LAYERS, load_built, wide_model_dir
 from tests.fixtures.ring_engine import ThreadEngine
 from tests.write.test_long_rows import STATES, long_config, long_source, samples_of
 
@@ -121,14 +121,7 @@ BIG = textwrap.dedent("""
 
 
 def test_the_builders_memory_stays_at_the_window_not_the_sample(tmp_path):
-    from hs_dataset.demo.tiny import make_tiny_tokenizer
-
-    model = tmp_path / "wide"
-    model.mkdir()
-    tok = make_tiny_tokenizer(model)
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 4,
-        "num_attention_heads": 16, "vocab_size": len(tok), "max_position_embeddings": 65536}))
+    model = wide_model_dir(tmp_path / "wide")
     rng = np.random.default_rng(0)
     words = [" ".join(map(str, rng.integers(0, 10**6, size=8000)))]
     with open(tmp_path / "src.jsonl", "w") as f:

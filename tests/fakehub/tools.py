@@ -26,6 +26,19 @@ LAYERS = (3, 31, 59)
 # ------------------------------------------------------------------------------- client wiring
 
 
+def run_killed_client(hub, home: str | os.PathLike, script: str, token: str | None = None) -> None:
+    """Run ``script`` (Python that kills itself with SIGKILL part-way) as a client of ``hub`` in a subprocess
+    that imports this checkout, and check that it died by SIGKILL."""
+    import signal
+    import subprocess
+    import sys
+
+    env = client_subprocess_env(hub, home, token)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stderr.decode()[-2000:]
+
+
 def client_subprocess_env(hub, home: str | os.PathLike, token: str | None = None) -> dict[str, str]:
     """Environment for a subprocess whose huggingface_hub/datasets must talk to ``hub`` only."""
     home = Path(home)

@@ -10,6 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 
+try:
+    import sglang  # noqa: F401
+
+    HAVE_SGLANG = True
+except Exception:  # pragma: no cover - CPU machines
+    HAVE_SGLANG = False
+
+# every GPU test module's marks: ``pytest -m gpu`` selects them, a CPU machine skips them with the reason
+GPU_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or not HAVE_SGLANG,
+                       reason="needs a CUDA GPU and SGLang >= 0.5.11 (run on the device: see README)"),
+]
+
 
 def make_llama(out: str | Path, *, hidden=512, layers=8, heads=8, kv_heads=4, inter=1536, vocab=32000, seed=0) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM

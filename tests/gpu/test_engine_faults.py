@@ -25,13 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.gpu.test_sglang import ENGINE_ARGS, HAVE_SGLANG, REPORT
+from tests.gpu.models import GPU_MARKS
+from tests.gpu.test_sglang import ENGINE_ARGS, REPORT
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or not HAVE_SGLANG,
-                       reason="needs a CUDA GPU and SGLang >= 0.5.11 (run on the device: see README)"),
-]
+pytestmark = GPU_MARKS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "builder_scripts" / "data" / "demo_conversations.jsonl"

@@ -21,20 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-try:
-    import sglang  # noqa: F401
-
-    HAVE_SGLANG = True
-except Exception:  # pragma: no cover - CPU machines
-    HAVE_SGLANG = False
+from tests.gpu.models import GPU_MARKS
 
 ROOT = Path(__file__).resolve().parents[2]
 MAKER = ROOT / ".gpu" / "make_kimi_width.py"
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or not HAVE_SGLANG,
-                       reason="needs a CUDA GPU and SGLang >= 0.5.11 (run on the device: see README)"),
+    *GPU_MARKS,
     pytest.mark.skipif(not MAKER.is_file(), reason="needs .gpu/make_kimi_width.py (cp -r ../shared/gpu/* .gpu/)"),
 ]
 

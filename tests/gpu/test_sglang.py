@@ -26,19 +26,9 @@ import pytest
 import torch
 
 from hs_dataset.records import CaptureResult, TokenizedSample
+from tests.gpu.models import GPU_MARKS
 
-try:
-    import sglang  # noqa: F401
-
-    HAVE_SGLANG = True
-except Exception:  # pragma: no cover - CPU machines
-    HAVE_SGLANG = False
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or not HAVE_SGLANG,
-                       reason="needs a CUDA GPU and SGLang >= 0.5.11 (run on the device: see README)"),
-]
+pytestmark = GPU_MARKS
 
 ENGINE_ARGS = dict(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
                    disable_cuda_graph=True, mem_fraction_static=0.3,

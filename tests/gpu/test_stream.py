@@ -14,21 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-import torch
+from tests.gpu.models import GPU_MARKS
 
-try:
-    import sglang  # noqa: F401
-
-    HAVE_SGLANG = True
-except Exception:  # pragma: no cover - CPU machines
-    HAVE_SGLANG = False
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or not HAVE_SGLANG,
-                       reason="needs a CUDA GPU and SGLang >= 0.5.11 (run on the device: see README)"),
-]
+pytestmark = GPU_MARKS
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = Path(os.environ.get("OUT", "/tmp")) / "gpu_stream.json"

@@ -15,17 +15,13 @@ import os
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from tests.fixtures.builds import THINKING_ROWS
-from tests.gpu.test_sglang import ENGINE_ARGS, HAVE_SGLANG, RING, compare
+from tests.gpu.models import GPU_MARKS
+from tests.gpu.test_sglang import ENGINE_ARGS, RING, compare
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or not HAVE_SGLANG,
-                       reason="needs a CUDA GPU and SGLang >= 0.5.11 (run on the device: see README)"),
-]
+pytestmark = GPU_MARKS
 REPORT = Path(os.environ.get("OUT", "/tmp")) / "gpu_tokenize_workers.json"
 
 

@@ -22,7 +22,7 @@ from hs_dataset.hub.publish import push_dataset
 from hs_dataset.hub.versions import list_versions, version_key
 from tests.fakehub.server import running_hub
 from tests.fakehub.tools import (build_with_real_builder, client_subprocess_env, expected_table, hub_client_env,
-                                 make_rows, write_built_dataset)
+                                 make_rows, run_killed_client, write_built_dataset)
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "org/kimi-eagle3-hs"
@@ -251,10 +251,7 @@ def test_a_push_killed_after_tagging_or_after_it_finished_reruns_without_force(h
         from hs_dataset.hub.publish import push_dataset
         push_dataset({str(build)!r}, {REPO!r}, "v1.0")
     """)
-    env = client_subprocess_env(hub, tmp_path / "subhome", token=TOKEN)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
-    assert p.returncode == -signal.SIGKILL, p.stderr.decode()[-2000:]
+    run_killed_client(hub, tmp_path / "subhome", script, token=TOKEN)
     api = HfApi()
     refs = api.list_repo_refs(REPO, repo_type="dataset")
     (tag,) = refs.tags

@@ -5,11 +5,8 @@ the version."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -21,7 +18,7 @@ from hs_dataset.errors import VersionNameError
 from hs_dataset.hub.names import MAX_LENGTH, _git_problem, check_version_name, version_name_problem
 from hs_dataset.hub.publish import push_dataset
 from tests.fakehub.server import running_hub
-from tests.fakehub.tools import client_subprocess_env, hub_client_env, make_rows, write_built_dataset
+from tests.fakehub.tools import hub_client_env, make_rows, run_killed_client, write_built_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "org/versions-hs"
@@ -125,10 +122,7 @@ def test_a_killed_force_push_resumes_into_the_version_it_replaced(tmp_path, reru
             from hs_dataset.hub.publish import push_dataset
             push_dataset({str(new)!r}, {REPO!r}, "v1.0", force=True)
         """)
-        env = client_subprocess_env(hub, tmp_path / "subhome", token=TOKEN)
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
-        assert p.returncode == -signal.SIGKILL, p.stderr.decode()[-2000:]
+        run_killed_client(hub, tmp_path / "subhome", script, token=TOKEN)
         api = HfApi()
         refs = api.list_repo_refs(REPO, repo_type="dataset")
         assert refs.tags == [] and "hs-dataset/v1.0" in {b.name for b in refs.branches}  # the version vanished

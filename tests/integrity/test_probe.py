@@ -25,7 +25,7 @@ from hs_dataset.write.driver import build
 from tests.fakehub.server import running_hub
 from tests.fakehub.tools import client_subprocess_env, hub_client_env
 from tests.fixtures import faults as F
-from tests.fixtures.builds import LAYERS, content_hash
+from tests.fixtures.builds import config, content_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "hf_ProbeTestToken0123456789ABCDEFGHIJ"
@@ -50,10 +50,7 @@ def raw_source(path: Path, n: int, *, seed: int, low: int = 6, high: int = 40) -
 
 
 def raw_config(model: str, source: Path, **kw) -> HiddenStatesConfig:
-    base = dict(model=model, layers=LAYERS, source=str(source), max_length=64, part_size=8,
-                backend_options={"device": "cpu", "batch_tokens": 2048})
-    base.update(kw)
-    return HiddenStatesConfig(**base)
+    return config(model, **{"source": str(source), "max_length": 64, "part_size": 8, "max_samples": None, **kw})
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hs_dataset.demo.tiny_kimi import KIMI_SPECIAL_TOKENS, kimi_chat_template, kimi_fast_tokenizer, make_kimi_tokenizer
+from hs_dataset.demo.tiny_kimi import KIMI_SPECIAL_TOKENS, kimi_chat_template, kimi_fast_tokenizer
 from hs_dataset.errors import ConfigError, SampleError
 from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.loss_mask import assistant_char_spans, tokenize_conversation, tokenize_sample
@@ -31,13 +31,8 @@ PRESET = ROOT / "builder_scripts" / "kimi_eagle3_hs.py"
 
 
 @pytest.fixture(scope="module")
-def kimi_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_kimi_tokenizer(tmp_path_factory.mktemp("kimi-tok"))
-
-
-@pytest.fixture(scope="module")
-def slow(kimi_dir: Path) -> Any:
-    return load_tokenizer(kimi_dir, trust_remote_code=True)
+def slow(kimi: Any) -> Any:
+    return kimi
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from typing import Any, Iterator
 import pytest
 
 from hs_dataset.config import HiddenStatesConfig
-from hs_dataset.demo.tiny_kimi import make_kimi_tokenizer
 from hs_dataset.errors import ConfigError, TokenizeWorkerError
 from hs_dataset.prepare.rows import TokenizeRules
 from hs_dataset.prepare.samples import tokenized_samples
@@ -28,16 +27,6 @@ from hs_dataset.prepare.workers import (AUTO_MAX_WORKERS, AUTO_MIN_ROWS, CHUNK_R
                                         TokenizeWorkers, tokenize_processes, tokenizer_identity)
 from hs_dataset.records import Reject, SourceRow
 from tests.fixtures.builds import DEMO, ROOT, THINKING_ROWS
-
-
-@pytest.fixture(scope="module")
-def kimi_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_kimi_tokenizer(tmp_path_factory.mktemp("kimi-tok"))
-
-
-@pytest.fixture(scope="module")
-def kimi(kimi_dir: Path) -> Any:
-    return load_tokenizer(kimi_dir, trust_remote_code=True)
 
 
 @pytest.fixture(scope="module")

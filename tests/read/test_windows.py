@@ -17,6 +17,7 @@ from hs_dataset.read.windows import cp_slice, iter_windows, read_window, sample_
 from hs_dataset.write.driver import build
 from tests.fixtures.ring_engine import ThreadEngine
 from tests.write.test_long_rows import STATES, long_config, long_source, samples_of
+from tests.fixtures.builds import wide_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +64,7 @@ def test_context_parallel_slices_are_disjoint_and_cover_the_sample(long_build):
 def test_a_window_reads_only_its_own_pages(tmp_path):
     """A 16,384-position sample of 4 states x 2048 (256 MiB): a 512-position window from its middle reads
     a few MiB from disk (page cache dropped for the file), not the sample."""
-    from hs_dataset.demo.tiny import make_tiny_tokenizer
-
-    model = tmp_path / "wide"
-    model.mkdir()
-    tok = make_tiny_tokenizer(model)
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 4,
-        "num_attention_heads": 16, "vocab_size": len(tok), "max_position_embeddings": 65536}))
+    model = wide_model_dir(tmp_path / "wide")
     rng = np.random.default_rng(0)
     with open(tmp_path / "src.jsonl", "w") as f:
         f.write(json.dumps({"messages": [{"role": "user", "content": "count"}, {"role": "assistant", "content": " ".join(

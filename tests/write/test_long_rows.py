@@ -18,7 +18,7 @@ from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.integrity.verify import verify_build
 from hs_dataset.read.iterate import iter_torch
 from hs_dataset.write.driver import build
-from tests.fixtures.builds import LAYERS, load_built
+from tests.fixtures.builds import LAYERS, config, load_built
 
 STATES = [f"hidden_layer_{k}" for k in LAYERS] + ["hidden_final"]
 
@@ -37,10 +37,8 @@ def long_source(path: Path, n: int = 6, seed: int = 0) -> Path:
 
 
 def long_config(model: str, src: Path, **kw) -> HiddenStatesConfig:
-    base = dict(model=model, layers=LAYERS, source=str(src), max_length=2048, part_size=3,
-                backend_options={"device": "cpu", "batch_tokens": 4096})
-    base.update(kw)
-    return HiddenStatesConfig(**base)
+    return config(model, **{"source": str(src), "max_length": 2048, "part_size": 3, "max_samples": None,
+                            "backend_options": {"device": "cpu", "batch_tokens": 4096}, **kw})
 
 
 def samples_of(out: Path) -> dict[str, dict]:
