@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""What the builder's host side costs per GB of states at Kimi-K2.5's width, by stage, on this machine.
+
+Each variant builds the same source in a fresh process into ``--dir`` (default /dev/shm) from precomputed
+bf16 states (``benchmarks/storage.py``'s PrecomputedBackend: no model runs, as with an engine whose GPU
+does the work), ``--samples`` samples of 2,048 tokens, layers 1, 3, 4 + final (57,344 bytes a token):
+
+  base         the build as it is (statistics counted while it writes, shard writes on several threads)
+  nostats      the same without the build-time statistics (StatsCollector.add a no-op: for this measure only)
+  w1           one thread writing shards (HS_DATASET_WRITE_THREADS=1)
+  nostats-w1   both
+  zstd         compression=zstd (shards coded at the commit)
+  parquet      file_format=parquet
+
+Printed per variant: the build's wall time and GB/s of stored bytes, and the process's CPU seconds
+(user + system, every thread) per GB. fp8 is left out: here it would be quantized on the CPU, which
+the SGLang plugin does on the GPU.
+
+    python benchmarks/build_cpu.py --json benchmarks/results/<date>-<machine>-build-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("base", "nostats", "w1", "nostats-w1", "zstd", "parquet")
+
+
+def one(variant: str, work: Path, samples: int) -> dict:
+    sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+    if "w1" in variant:
+        os.environ["HS_DATASET_WRITE_THREADS"] = "1"
+    import numpy as np
+    from storage import PrecomputedBackend, Shape, make_model_dir, make_states
+
+    from hs_dataset.config import HiddenStatesConfig
+    from hs_dataset.integrity.stats import StatsCollector
+    from hs_dataset.write.driver import build
+
+    if "nostats" in variant:
+        StatsCollector.add = lambda self, row: None  # type: ignore[method-assign]
+    tokens, hidden = 2048, 7168
+    shape = Shape(hidden, 3, tokens, samples)
+    model = make_model_dir(work / "model", hidden)
+    backend = PrecomputedBackend(model, shape.layers(), make_states(shape))
+    src = work / "src.jsonl"
+    rng = np.random.default_rng(0)
+    with open(src, "w") as f:
+        for _ in range(samples):
+            words = " ".join(map(str, rng.integers(0, 10**6, size=int(tokens * 0.45) + 64)))
+            f.write(json.dumps({"messages": [{"role": "user", "content": "Read."},
+                                             {"role": "assistant", "content": words}]}) + "\n")
+    out = work / f"out-{variant}"
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = HiddenStatesConfig(model=str(model), layers=shape.layers(), source=str(src), max_length=tokens, part_size=4,
+                             compression="zstd" if variant == "zstd" else "none",
+                             file_format="parquet" if variant == "parquet" else "arrow")
+    r0, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    s = build(cfg, out, backend=backend, progress=False)
+    dt, r1 = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
+    shutil.rmtree(out, ignore_errors=True)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    gb = s.bytes_written / 1e9
+    return {"variant": variant, "tokens": s.counts.tokens_written,
+            "bytes_per_token": round(s.bytes_written / s.counts.tokens_written),
+            "wall_s": round(dt, 2), "GBps": round(gb / dt, 3), "cpu_s_per_GB": round(cpu / gb, 2),
+            "user_s": round(r1.ru_utime - r0.ru_utime, 2), "sys_s": round(r1.ru_stime - r0.ru_stime, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=12)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--dir", default="/dev/shm/hs-build-cpu")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a variant, in this process
+    a = ap.parse_args()
+    work = Path(a.dir)
+    work.mkdir(parents=True, exist_ok=True)
+    if a.one:
+        print(json.dumps(one(a.one, work, a.samples)))
+        return
+    results = []
+    for rep in range(a.reps):
+        for v in a.variants.split(","):
+            r = subprocess.run([sys.executable, __file__, "--one", v, "--samples", str(a.samples), "--dir", str(work)],
+                               capture_output=True, text=True, check=True)
+            results.append(json.loads(r.stdout.strip().splitlines()[-1]))
+            x = results[-1]
+            print(f"{v:12s} {x['bytes_per_token']:>7,} B/token  {x['GBps']:.2f} GB/s  {x['cpu_s_per_GB']:.2f} CPU-s/GB "
+                  f"(user {x['user_s']}, sys {x['sys_s']})", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"cpus": os.cpu_count(), "samples": a.samples, "runs": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
