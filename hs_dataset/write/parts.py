@@ -128,7 +128,7 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
                          quality, config.compression)
 
 
-def _code_shards(shards: list[str], ext: str, compression: str, state_columns: tuple[str, ...]) -> list[str]:
+def _code_shards(shards: list[str], ext: str, state_columns: tuple[str, ...]) -> list[str]:
     """The staging Arrow shards coded (several at once): as Parquet beside them, or as zstd Arrow in their place."""
     def code(src: str) -> str:
         if ext == "parquet":
@@ -159,7 +159,7 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
             for src in shards:
                 drop_rows(src, set(g.dropped))
         if ext == "parquet" or g.compression != "none":  # lossless coding, shards in parallel (codec.coding)
-            shards = _code_shards(shards, ext, g.compression, g.state_columns)
+            shards = _code_shards(shards, ext, g.state_columns)
         files = []
         for k, src in enumerate(shards):  # size, rows and content hash, read back while in the page cache
             files.append(dict(shard_entry(src), name=shard_name(g.i, k, ext)))
