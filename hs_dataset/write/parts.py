@@ -22,7 +22,7 @@ import datasets
 
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.builder import HiddenStatesBuilder
-from hs_dataset.write.drop_rows import drop_rows
+from hs_dataset.write.drop_rows import drop_rows, recount
 from hs_dataset.write.parallel_files import parallel_url, write_threads
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
@@ -158,6 +158,8 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
         if g.dropped:  # rejected after some of their rows were written: no partial sample is committed
             for src in shards:
                 drop_rows(src, set(g.dropped))
+            if g.quality is not None:
+                g.quality = recount(shards, list(g.state_columns), g.quality)
         if ext == "parquet" or g.compression != "none":  # lossless coding, shards in parallel (codec.coding)
             shards = _code_shards(shards, ext, g.state_columns)
         files = []
