@@ -32,7 +32,7 @@ PEAK_RSS_LIMIT = 1 << 30
 
 # Builds a source whose first row is a ~50 MB conversation in a subprocess and reports its peak RSS.
 BIG_BUILD = textwrap.dedent("""
-    import json, random, resource, sys
+    import json, random, sys
     from pathlib import Path
     from hs_dataset.config import HiddenStatesConfig
     from hs_dataset.write.driver import build
@@ -53,7 +53,8 @@ BIG_BUILD = textwrap.dedent("""
                              backend_options={"device": "cpu"})
     s = build(cfg, work / "out", progress=False)
     print("written", s.counts.written, "rejected", s.counts.rejected)
-    print("peak_rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    # VmHWM: this process image's peak; ru_maxrss would carry over the parent's across fork + exec
+    print("peak_rss", int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024)
 """)
 
 
