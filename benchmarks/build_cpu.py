@@ -39,7 +39,7 @@ def one(variant: str, work: Path, samples: int) -> dict:
     sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
     if "w1" in variant:
         os.environ["HS_DATASET_WRITE_THREADS"] = "1"
-    import numpy as np
+    from long_context import source
     from storage import PrecomputedBackend, Shape, make_model_dir, make_states
 
     from hs_dataset.config import HiddenStatesConfig
@@ -52,13 +52,7 @@ def one(variant: str, work: Path, samples: int) -> dict:
     shape = Shape(hidden, 3, tokens, samples)
     model = make_model_dir(work / "model", hidden)
     backend = PrecomputedBackend(model, shape.layers(), make_states(shape))
-    src = work / "src.jsonl"
-    rng = np.random.default_rng(0)
-    with open(src, "w") as f:
-        for _ in range(samples):
-            words = " ".join(map(str, rng.integers(0, 10**6, size=int(tokens * 0.45) + 64)))
-            f.write(json.dumps({"messages": [{"role": "user", "content": "Read."},
-                                             {"role": "assistant", "content": words}]}) + "\n")
+    src = source(work / "src.jsonl", samples, tokens, seed=0)
     out = work / f"out-{variant}"
     shutil.rmtree(out, ignore_errors=True)
     cfg = HiddenStatesConfig(model=str(model), layers=shape.layers(), source=str(src), max_length=tokens, part_size=4,

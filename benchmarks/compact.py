@@ -30,7 +30,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = [  # name, config fields
@@ -42,16 +41,6 @@ ROWS = [  # name, config fields
 ]
 PARQUET_ROW = ("fp8 + teacher + parquet", {"storage_dtype": "fp8_e4m3", "teacher": "topk:64", "store_final": False,
                                            "file_format": "parquet"})
-
-
-def source(path: Path, samples: int, tokens: int) -> Path:
-    rng = np.random.default_rng(7)
-    with open(path, "w") as f:
-        for _ in range(samples):
-            words = " ".join(map(str, rng.integers(0, 10**6, size=int(tokens * 0.45) + 64)))
-            f.write(json.dumps({"messages": [{"role": "user", "content": "Read this."},
-                                             {"role": "assistant", "content": words}]}) + "\n")
-    return path
 
 
 def read_rate(out: Path, coded: bool) -> float:
@@ -80,7 +69,9 @@ def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate
 
     layers = tuple(be.layers)
     work.mkdir(parents=True, exist_ok=True)
-    src = source(work / "src-2k.jsonl", samples, 2048)
+    from long_context import source
+
+    src = source(work / "src-2k.jsonl", samples, 2048, seed=7)
     base = dict(model=str(model), layers=layers, source=str(src), max_length=2048, part_size=16, backend="sglang")
     r = resolve_build(HiddenStatesConfig(**base))
     ids = [s.input_ids.tolist() for _, s in tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(0, samples)],

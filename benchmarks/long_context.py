@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sglang_extraction import disk_write_rate
+
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_ARGS = dict(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
                    disable_cuda_graph=True, mem_fraction_static=0.6, context_length=131078)
@@ -81,21 +83,6 @@ def drop_cache(directory: Path) -> None:
             fd = os.open(f, os.O_RDONLY)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
-
-
-def disk_write_rate(directory: Path, nbytes: int = 4 << 30) -> float:
-    directory.mkdir(parents=True, exist_ok=True)
-    block = np.random.default_rng(0).integers(0, 255, size=64 << 20, dtype=np.uint8)
-    path = directory / "disk-probe.bin"
-    t = time.time()
-    with open(path, "wb") as f:
-        for _ in range(nbytes // block.nbytes):
-            block.tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
-    rate = nbytes / (time.time() - t)
-    path.unlink()
-    return rate
 
 
 def source(path: Path, samples: int, tokens: int, seed: int) -> Path:

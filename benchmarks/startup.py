@@ -75,10 +75,9 @@ def main() -> int:
     for k in [*baselines, *cases]:
         extra = f"  (+{best[k] - raw:.3f}s over the interpreter, heavy imports: {heavy[k] or 'none'})" if k in cases else ""
         print(f"{k:40s} {best[k]:.3f}s{extra}")
-    name = f"{report['date']}-cpu-vm-startup.json"
-    for folder in [ROOT / "benchmarks" / "results"] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else []):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    from save_report import save_report
+
+    save_report(report, "startup")
     return 0
 
 

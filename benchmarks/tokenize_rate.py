@@ -153,10 +153,9 @@ def main() -> int:
     print("wall, best of each:", json.dumps({m: round(v, 2) for m, v in report["ratio_to_baseline"].items()}))
     print("on idle cores (from CPU time):", json.dumps({m: round(v, 2) for m, v in
                                                         report["idle_ratio_to_baseline"].items()}))
-    name = f"{report['date']}-cpu-vm-tokenize.json"
-    for folder in [ROOT / "benchmarks" / "results"] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else []):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    from save_report import save_report
+
+    save_report(report, "tokenize")
     return 0
 
 

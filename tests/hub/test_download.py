@@ -27,6 +27,11 @@ from tests.fakehub.tools import client_subprocess_env
 from tests.fixtures.builds import random_build
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+try:
+    from reads import disk_bytes  # the read benchmark's own count: blocks under the roots, each file once
+finally:
+    sys.path.pop(0)
 REPO = "org/kimi-eagle3-hs"
 TOKEN = "hf_DownloadTestToken0123456789ABCDEFGH"
 PUBLISHED = ("hs_dataset.json", "README.md", "rejects.jsonl")
@@ -42,19 +47,6 @@ def build(tmp_path_factory) -> Path:
 def own_verdicts(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv(CHECK_ENV, raising=False)
-
-
-def disk_bytes(*roots: Path) -> int:
-    """Blocks allocated under ``roots`` (every file once, symlinks not followed: the hub cache links to its blobs)."""
-    seen, total = set(), 0
-    for root in roots:
-        for dirpath, _, files in os.walk(root):
-            for f in files:
-                st = os.lstat(os.path.join(dirpath, f))
-                if st.st_ino not in seen:
-                    seen.add(st.st_ino)
-                    total += st.st_blocks * 512
-    return total
 
 
 def version_bytes(build: Path) -> int:
