@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -130,19 +129,28 @@ def test_bad_generation_options_are_refused_naming_the_fix(tiny_model):
 
 
 def test_a_killed_regenerate_build_resumes_to_the_uninterrupted_rows(tiny_model, tmp_path, regen_build):
-    """SIGKILL once a part is committed (its replies stored with it), then the same command again."""
+    """SIGKILL right after the first part is committed (its replies stored with it), then the same
+    command again. The first run kills itself from inside the commit, so the kill always lands between
+    the first part's record and the second's (a kill timed from outside raced the build's end)."""
     out = tmp_path / "killed"
-    argv = [sys.executable, "-m", "hs_dataset.cli", "build", str(Path(__file__).resolve().parents[1] / "fixtures" / "regen_script.py"),
+    argv = ["build", str(Path(__file__).resolve().parents[1] / "fixtures" / "regen_script.py"),
             "-o", str(out), "--no-progress", "--set", f"model={tiny_model}"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 300
-    while not list((out / ".hs_build" / "parts").glob("part-*.json")):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    code = f"""
+import os, signal
+import hs_dataset.write.driver as D
+commit = D.commit_part
+def commit_then_die(*a, **k):
+    commit(*a, **k)
+    os.kill(os.getpid(), signal.SIGKILL)
+D.commit_part = commit_then_die
+from hs_dataset.cli import main
+main({argv!r})
+"""
+    killed = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    assert [p.name for p in (out / ".hs_build" / "parts").glob("part-*.json")] == ["part-00000.json"]
     assert not (out / "hs_dataset.json").exists()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "hs_dataset.cli", *argv], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "1 already done" in done.stdout
     assert content_hash(out) == content_hash(regen_build)
