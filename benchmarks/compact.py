@@ -69,7 +69,7 @@ def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate
 
     layers = tuple(be.layers)
     work.mkdir(parents=True, exist_ok=True)
-    from long_context import source
+    from kimi_width import source
 
     src = source(work / "src-2k.jsonl", samples, 2048, seed=7)
     base = dict(model=str(model), layers=layers, source=str(src), max_length=2048, part_size=16, backend="sglang")
@@ -128,7 +128,8 @@ def main() -> None:
     ap.add_argument("--parquet", action="store_true", help="also the Parquet row (slow: hs_dataset.codec.coding)")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from long_context import ENGINE_ARGS, LAYERS, disk_write_rate
+    from kimi_width import ENGINE_ARGS, LAYERS
+    from sglang_extraction import disk_write_rate
 
     from hs_dataset.capture.sglang.backend import SGLangBackend
 

@@ -39,12 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kimi_width import ENGINE_ARGS, LAYERS, source
 from sglang_extraction import disk_write_rate
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE_ARGS = dict(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
-                   disable_cuda_graph=True, mem_fraction_static=0.6, context_length=131078)
-LAYERS = (1, 3, 4)
 HIDDEN = 7168
 
 
@@ -83,17 +81,6 @@ def drop_cache(directory: Path) -> None:
             fd = os.open(f, os.O_RDONLY)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
-
-
-def source(path: Path, samples: int, tokens: int, seed: int) -> Path:
-    """``samples`` conversations each longer than ``tokens`` for the tiny tokenizer (cut to max_length)."""
-    rng = np.random.default_rng(seed)
-    with open(path, "w") as f:
-        for _ in range(samples):
-            words = " ".join(map(str, rng.integers(0, 10**6, size=int(tokens * 0.45) + 64)))
-            f.write(json.dumps({"messages": [{"role": "user", "content": "Read this."},
-                                             {"role": "assistant", "content": words}]}) + "\n")
-    return path
 
 
 def compare(got, ref) -> dict:

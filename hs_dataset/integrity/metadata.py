@@ -1,7 +1,9 @@
 """Everything a push uploads besides the shards must agree with ``hs_dataset.json``: the card's front
 matter (what ``load_dataset`` reads: ``configs``, ``dataset_info`` with the features) and its quality
 section (the statistics and the probe, :mod:`hs_dataset.write.card_quality`), ``rejects.jsonl``
-(its lines and content hash), and ``hs_dataset.json`` itself (its columns, dtype and counts).
+(its lines and content hash), and ``hs_dataset.json`` itself (its columns, dtype and counts); and a
+push uploads nothing else (:func:`stray_files`: a file the build did not write is named, not uploaded
+unchecked).
 
 A changed feature in the card (``uint16`` turned into ``int32``) makes ``load_dataset`` hand out numbers
 that are not the stored bits; a changed ``rejects.jsonl`` misreports what was left out. Each is a
@@ -19,12 +21,28 @@ import yaml
 
 from hs_dataset.write.card import readme_header, split_readme
 from hs_dataset.write.card_quality import QUALITY_HEADING, quality_section
-from hs_dataset.layout import META_FILE, README_FILE, REJECTS_FILE, STORAGE_DTYPES, state_columns
+from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, STATE_DIR, STORAGE_DTYPES, state_columns
 from hs_dataset.records import Counts
 
-__all__ = ["REJECTS_HASH_KEY", "check_metadata", "rejects_digest"]
+__all__ = ["BUILD_FILES", "REJECTS_HASH_KEY", "UNPUBLISHED_DIRS", "check_metadata", "rejects_digest", "stray_files"]
 
 REJECTS_HASH_KEY = "rejects_xxh3_128"  # in hs_dataset.json: rejects.jsonl's content hash
+UNPUBLISHED_DIRS = (STATE_DIR, ".git", ".cache")  # top-level folders a push never uploads
+# The files of a build beside data/ (.gitattributes: the Hub's own, in every downloaded version; never uploaded).
+BUILD_FILES = (META_FILE, README_FILE, REJECTS_FILE, ".gitattributes")
+
+
+def stray_files(root: Path) -> list[str]:
+    """The files under ``root`` that a push would upload and the build did not write: anything outside
+    ``data/`` (whose listing ``verify`` checks against the shards) but the build's own files and the
+    folders a push skips. Sorted, relative to ``root``."""
+    out = []
+    for p in sorted(root.iterdir()):
+        if p.name in UNPUBLISHED_DIRS or p.name == DATA_DIR or (p.name in BUILD_FILES and p.is_file()):
+            continue
+        out += [q.relative_to(root).as_posix() for q in sorted(p.rglob("*")) if q.is_file()] if p.is_dir() else \
+            [p.name]
+    return out
 
 
 def rejects_digest(text: str) -> str:
@@ -68,7 +86,7 @@ def _quality_problem(readme: str, meta: dict[str, Any]) -> str | None:
 
 def check_metadata(root: Path, meta: dict[str, Any]) -> list[tuple[str, str]]:
     """``(file, what is wrong)`` for each of the card, ``rejects.jsonl`` and ``hs_dataset.json`` that does not
-    agree with ``hs_dataset.json`` (empty: they all do)."""
+    agree with ``hs_dataset.json``, and for each :func:`stray_files` (empty: they all do)."""
     problems: list[tuple[str, str]] = []
     layers = meta.get("layers")
     columns = state_columns(layers) if isinstance(layers, list) else None
@@ -104,4 +122,6 @@ def check_metadata(root: Path, meta: dict[str, Any]) -> list[tuple[str, str]]:
             problems.append((REJECTS_FILE, f"holds {lines} rejects, {META_FILE} counts {counts['rejected']}"))
         elif REJECTS_HASH_KEY in meta and rejects_digest(text) != meta[REJECTS_HASH_KEY]:
             problems.append((REJECTS_FILE, f"its content hash differs from the recorded {REJECTS_HASH_KEY}"))
+    problems += [(rel, f"is not a file of this build (a push would upload it unchecked): move it out of {root}")
+                 for rel in stray_files(root)]
     return problems

@@ -34,7 +34,7 @@ from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.finalize import finalize
 from hs_dataset.write.output import check_output, lock_output
 from hs_dataset.write.resolve import resolve_build
-from hs_dataset.write.resume import check_resume, invalidate_finished, part_ranges, part_record, recover
+from hs_dataset.write.resume import check_resume, invalidate_finished, note_moving, part_ranges, part_record, recover
 from hs_dataset.write.shares import WorkerShare, read_share, share_dir, share_parts
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import ShareError
@@ -231,12 +231,14 @@ def _assemble(out: Path, shares: list[tuple[Path, dict, Any]], first: dict[str, 
     linked = copied = copied_bytes = 0
     for p in sorted(records):
         rec, d = records[p]
+        note = note_moving(state, p, [f["name"] for f in rec["files"]])  # recover's proof that these are ours
         for f in rec["files"]:
             n = _place(d / DATA_DIR / f["name"], out / DATA_DIR / f["name"])
             copied, copied_bytes = copied + (n > 0), copied_bytes + max(n, 0)
             linked += n <= 0
         fsync_dir(out / DATA_DIR)
         atomic_write(part_record(state, p), json.dumps(rec))  # the commit point of the part, as in a build
+        note.unlink()
     redacted = shares[0][0] / STATE_DIR / REDACTED_FILE  # the same configuration: the same credentials
     if redacted.is_file():
         atomic_write(state / REDACTED_FILE, redacted.read_text(encoding="utf-8"))

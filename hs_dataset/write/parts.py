@@ -27,7 +27,7 @@ from hs_dataset.write.parallel_files import parallel_url, write_threads
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
-from hs_dataset.write.resume import part_files, part_record
+from hs_dataset.write.resume import note_moving, part_files, part_record
 from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
@@ -169,6 +169,7 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
         if sum(f["rows"] for f in files) != Counts.rows_of(dataclasses.asdict(g.counts)):
             raise RuntimeError(f"part {g.i}: its shards hold {sum(f['rows'] for f in files)} rows, "
                                f"{g.counts.rows_written} were written; this is a bug in hs_dataset")
+        note = note_moving(state, g.i, [f["name"] for f in files])  # recover's proof that these are ours
         for src, f in zip(shards, files):
             os.replace(src, out / DATA_DIR / f["name"])
         fsync_dir(out / DATA_DIR)
@@ -176,6 +177,7 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
                   "counts": dataclasses.asdict(g.counts), "rejects": g.rejects, "backend_versions": g.backend_versions,
                   "quality": g.quality}
         atomic_write(record_path, json.dumps(record))  # the commit point of this part
+        note.unlink()
     except BaseException:
         _discard_part(out, state, g.i, ext)
         raise

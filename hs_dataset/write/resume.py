@@ -9,10 +9,13 @@ first and last MiB, row count) and that no full verification marked damaged; eve
 (shard files no kept record lists, staging folders, ``.tmp`` files of killed atomic writes) is
 removed, so a rerun of the same command ends with the rows of an uninterrupted build.
 
-Recovery deletes only what a build writes: shard files named ``train-PPPPP-SSS.<format>`` in
-``data/``, the ``.tmp`` files of its own atomic writes, and its own ``.hs_build/`` state; any other
-entry of ``data/`` is refused (:func:`hs_dataset.write.output.check_output` has refused foreign
-outputs before).
+Recovery deletes only what it can prove a build wrote: a shard in ``data/`` that its part records
+list, or that a *move note* names (``.hs_build/parts/moving-PPPPP.json``, written by
+:func:`note_moving` before a part's shards are moved into ``data/``: a kill between the move and the
+record leaves them listed there), the ``.tmp`` files of its own atomic writes, and its own
+``.hs_build/`` state. Any other entry of ``data/`` is refused, a file named like a shard included (a
+copy put there by hand): :func:`hs_dataset.write.output.check_output` has refused foreign outputs
+before.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from hs_dataset.integrity.redact import redact_text
 from hs_dataset.records import Counts
 from hs_dataset.layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
 
-__all__ = ["RESUMABLE_CHANGES", "check_resume", "check_shrink", "full_check", "invalidate_finished", "part_files",
-           "part_ranges", "part_record", "recover"]
+__all__ = ["RESUMABLE_CHANGES", "check_resume", "check_shrink", "full_check", "invalidate_finished", "note_moving",
+           "part_files", "part_ranges", "part_record", "recover"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,19 @@ logger = logging.getLogger(__name__)
 
 def part_record(state: Path, i: int) -> Path:
     return state / "parts" / f"part-{i:05d}.json"
+
+
+def _moving_note(state: Path, i: int) -> Path:
+    return state / "parts" / f"moving-{i:05d}.json"
+
+
+def note_moving(state: Path, i: int, names: list[str]) -> Path:
+    """Record, before part ``i``'s shards are moved into ``data/``, the names they get there: the proof
+    :func:`recover` needs to delete them if the move is killed before the part's record. -> the note
+    (remove it once the record is written)."""
+    note = _moving_note(state, i)
+    atomic_write(note, json.dumps({"part": i, "files": names}))
+    return note
 
 
 def part_files(out: Path, i: int, ext: str) -> list[Path]:
@@ -115,10 +131,20 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
                 f.unlink()
     done: set[int] = set()
     keep: set[str] = set()
+    ours: set[str] = set()  # named by a record or a move note of this build: provably its own files
+    for note in sorted((state / "parts").glob("moving-*.json")):
+        try:
+            listed = json.loads(note.read_text(encoding="utf-8"))["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            listed = []  # a note is written atomically: unreadable only if damaged; its files are then refused
+        ours.update(f for f in listed if isinstance(f, str) and SHARD_RE.match(f))
+        note.unlink()  # its part has a record now, or is redone below
     damaged = damaged_parts(state)
     plan = {i: (start, stop) for i, start, stop in parts}
     for rec in sorted((state / "parts").glob("part-*.json")):
         r = _read_record(rec)
+        if r is not None:
+            ours.update(f["name"] for f in r["files"])
         if r is not None and r["part"] not in plan:
             rec.unlink()  # not a part of this build (max_samples shrank): dropped; its shards go below
             continue
@@ -137,8 +163,12 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
         if not SHARD_RE.match(f.name) or f.is_symlink() or not f.is_file():
             raise ForeignFilesError(f"{foreign(f)} was not written by hs_dataset: move it out of {data}/, then run "
                                     "the same command again")
-        logger.warning("hs_dataset: removing %s: no part record lists it", f)
-        f.unlink()  # e.g. a part killed between moving its shards and writing its record
+        if f.name not in ours:
+            raise ForeignFilesError(f"{foreign(f)} is named like a shard, but no record of this build lists it (a "
+                                    f"copy?): a build deletes only what it wrote; move it out of {data}/, then run "
+                                    "the same command again")
+        logger.warning("hs_dataset: removing %s: no kept part record lists it", f)
+        f.unlink()  # a part killed between moving its shards and writing its record, or one redone
     fsync_dir(data)
     return done
 

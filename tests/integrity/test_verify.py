@@ -186,6 +186,28 @@ def test_the_card_and_rejects_are_verified_before_a_push(finished, tiny_model, b
         assert (out / named).read_text().split("\n---\n")[0] == (ref / named).read_text().split("\n---\n")[0]
 
 
+def test_a_file_the_build_did_not_write_is_named_and_never_uploaded(finished, tmp_path):
+    """A push uploads only what verify checked: a file beside the build's own (a note at the top, a folder
+    of plots) fails verify by name, and the push is refused before anything reaches the Hub."""
+    ref, _ = finished
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    (out / "notes.txt").write_text("my notes")
+    (out / "plots").mkdir()
+    (out / "plots" / "norms.png").write_bytes(b"png")
+    report = verify_build(out)
+    assert not report.ok and [p.path for p in report.problems] == ["notes.txt", "plots/norms.png"], report.message()
+    assert "push would upload it unchecked" in report.message()
+    with running_hub(tmp_path) as hub, hub_client_env(hub, tmp_path / "home", token=TOKEN):
+        before = hub.dump_state()
+        with pytest.raises(IntegrityError, match=r"notes\.txt"):
+            push_dataset(out, REPO, "v1.0")
+        assert hub.dump_state() == before
+    (out / "notes.txt").unlink()
+    shutil.rmtree(out / "plots")
+    assert verify_build(out).ok
+
+
 def test_a_published_version_is_verified_after_download(finished, tmp_path):
     ref, _ = finished
     with running_hub(tmp_path) as hub, hub_client_env(hub, tmp_path / "home", token=TOKEN):

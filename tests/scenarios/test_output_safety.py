@@ -96,6 +96,40 @@ def test_a_foreign_entry_in_a_builds_data_is_refused_not_deleted(tiny_model, tmp
     assert (tmp_path / "target.txt").read_text() == "target" if what == "link" else True
 
 
+def test_a_copy_named_like_a_shard_is_refused_not_deleted(tiny_model, tmp_path):
+    """A file named like a shard that no record of the build lists (a copy put in data/ by hand) is not
+    provably the build's: refused, untouched (recovery used to delete any shard-named file)."""
+    out = tmp_path / "out"
+    build(config(tiny_model, max_samples=8), out, progress=False)
+    data = out / "data"
+    shutil.copyfile(data / "train-00000-000.arrow", data / "train-00007-000.arrow")
+    before = snapshot(out)
+    with pytest.raises(ForeignFilesError, match="named like a shard, but no record of this build lists it"):
+        build(config(tiny_model, max_samples=8), out, progress=False)
+    assert snapshot(out) == before
+
+
+def test_shards_moved_before_their_record_are_removed_on_the_proof_of_the_move_note(tiny_model, tmp_path):
+    """A kill between moving a part's shards into data/ and writing its record: the move note written before
+    the move proves they are the build's, so the rerun removes them and redoes the part."""
+    from hs_dataset.write.resume import note_moving, part_record
+    from tests.fixtures.builds import content_hash
+
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    build(config(tiny_model, max_samples=8), ref, progress=False)
+    build(config(tiny_model, max_samples=8), out, progress=False)
+    state = out / ".hs_build"
+    names = [f.name for f in sorted((out / "data").glob("train-00001-*.arrow"))]
+    assert names
+    part_record(state, 1).unlink()  # as if killed after the move, before the record
+    (out / "hs_dataset.json").unlink()
+    note_moving(state, 1, names)
+    s = build(config(tiny_model, max_samples=8), out, progress=False)
+    assert (s.parts_built, s.parts_skipped) == (1, 1)
+    assert not list((state / "parts").glob("moving-*.json"))
+    assert content_hash(out) == content_hash(ref)
+
+
 def test_an_empty_folder_and_a_build_of_ours_are_accepted(tiny_model, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
