@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from typing import Iterable, Iterator
 
 import torch
@@ -51,7 +52,9 @@ def load_language_model(model: str, *, trust_remote_code: bool = False):
         return AutoModelForCausalLM.from_pretrained(model, **kw)
     finally:
         transformers.logging.set_verbosity(verbosity)
-        transformers.logging.enable_progress_bar()
+        with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=1: huggingface_hub warns, and keeps them off
+            warnings.simplefilter("ignore")
+            transformers.logging.enable_progress_bar()
 
 
 class TransformersBackend:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -246,7 +247,9 @@ def make_tiny_llama(
     try:
         model.save_pretrained(str(out))
     finally:
-        transformers.logging.enable_progress_bar()
+        with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=1: huggingface_hub warns, and keeps them off
+            warnings.simplefilter("ignore")
+            transformers.logging.enable_progress_bar()
     return model
 
 

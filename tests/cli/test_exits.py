@@ -97,6 +97,8 @@ def offline(tmp_path) -> dict:
 
 
 def test_a_bad_repo_id_is_one_line_before_the_network(offline, tmp_path):
+    # the demo model made afresh (HF_HUB_DISABLE_PROGRESS_BARS=1 is set: making it printed a warning once)
+    offline = dict(offline, HS_DATASET_CACHE=str(tmp_path / "demo-cache"))
     for args, cmd in ((["push", str(tmp_path), BAD_REPO, "--version", "v1.0"], "push"),
                       (["versions", BAD_REPO], "versions"),
                       (["verify", BAD_REPO, "--revision", "v1.0"], "verify"),
