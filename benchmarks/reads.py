@@ -12,7 +12,8 @@ is paired with a baseline run next to it, and the ratio is the geometric mean of
 the disk of a shared VM drifts by 2-5x within minutes, a pair sees the same disk. The order within a pair
 alternates and the number of pairs is even (``--reps`` is rounded up), so each order counts as often: the
 disk of this VM bursts and then throttles, which favours whichever run of a pair comes first, and a median
-of an odd number of pairs took that bias from the majority order (the median and the spread are printed too). ``--cache cold`` (default): the files' page cache is dropped before every run
+of an odd number of pairs took that bias from the majority order (the median and the spread are printed
+too). ``--cache cold`` (default): the files' page cache is dropped before every run
 (``posix_fadvise(DONTNEED)`` after ``fsync``, or ``--drop sys``: ``echo 1 > /proc/sys/vm/drop_caches``,
 root), and the share still resident is measured (``mincore``) and printed; ``--cache hot``: the files are
 read into the page cache before every run (what the readers cost in CPU). Steady state: each reader's
