@@ -32,7 +32,7 @@ nothing. No tag ever points at a partial upload.
 
 The token comes from huggingface_hub's usual sources (``token=``, ``HF_TOKEN``, stored login); it is
 never printed, logged or written, and files about to be uploaded are checked not to contain it, nor
-any credential the build redacted (:mod:`hs_dataset.integrity.redact`).
+any credential the build redacted (:mod:`hs_dataset.redact`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from hs_dataset.hub.names import WORK_BRANCH_PREFIX, check_version_name
 from hs_dataset.hub.uploads import REGULAR_MAX_SIZE, LocalFile, check_folder_sizes, local_files, read_build, refuse_unverified
 from hs_dataset.hub.versions import (REPO_TYPE, collect_history, fill_history_commits, interrupted_force, remote_files,
                                      utc_now, version_key)
-from hs_dataset.integrity.redact import check_uploads, find_secret, load_redacted, redact_command
+from hs_dataset.redact import check_uploads, find_secret, load_redacted, redact_command
 from hs_dataset.layout import README_FILE, STATE_DIR
 
 __all__ = ["KEEP_REMOTE", "PushResult", "push_dataset"]
@@ -86,7 +86,7 @@ class PushResult:
 
 
 def _scrub(text: str, token: str | None) -> str:
-    """Remove credentials from text that ends up in the card (:func:`hs_dataset.integrity.redact.redact_command`)."""
+    """Remove credentials from text that ends up in the card (:func:`hs_dataset.redact.redact_command`)."""
     if token:
         text = text.replace(token, "***")
     return redact_command(text)[0]

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from hs_dataset.atomic import atomic_write
 from hs_dataset.integrity.probe import ProbeReport, run_probe
-from hs_dataset.integrity.redact import redact
+from hs_dataset.redact import redact
 from hs_dataset.integrity.scan import Found, ScanReport, scan_build
 from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, STATE_DIR
 from hs_dataset.write.card import render_readme

@@ -38,7 +38,7 @@ from hs_dataset.write.resume import check_resume, invalidate_finished, note_movi
 from hs_dataset.write.shares import WorkerShare, read_share, share_dir, share_parts
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import ShareError
-from hs_dataset.integrity.redact import redact_command, redact_text
+from hs_dataset.redact import redact_command, redact_text
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.integrity.verify import check_files, damage_of
 from hs_dataset.layout import DATA_DIR, REDACTED_FILE, SHARE_FILE, SHARES_DIR, STATE_DIR

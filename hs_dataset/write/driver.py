@@ -17,7 +17,7 @@ same command ends with the same rows as an uninterrupted build:
   record, a stray copy) are deleted; staging folders (with datasets' ``.incomplete`` dirs) and
   ``.tmp`` files of killed atomic writes are removed;
 * credentials in the configuration and the build command are redacted in everything written
-  (:mod:`hs_dataset.integrity.redact`);
+  (:mod:`hs_dataset.redact`);
 * ``hs_dataset.json`` is written last by the final step, so it exists only for a finished build;
   a build that is about to change ``data/`` removes it (and README.md / rejects.jsonl) first, so
   a half-built directory is never mistaken for a finished one (``hs-dataset push`` refuses it);
@@ -56,7 +56,7 @@ from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import BuildInterrupted
 from hs_dataset.integrity.damage import mark_damaged
-from hs_dataset.integrity.redact import record_redacted, redact, redact_command
+from hs_dataset.redact import record_redacted, redact, redact_command
 from hs_dataset.layout import DATA_DIR, STATE_DIR
 from hs_dataset.prepare.duplicates import load_skipped
 from hs_dataset.prepare.source_spec import resolve_source, rows_to_build, source_fingerprint

@@ -1,7 +1,7 @@
 """The final step of a build: the part records become ``rejects.jsonl``, ``hs_dataset.json`` and the card.
 
 ``hs_dataset.json`` is written last, so it exists only for a finished build; everything in it is
-redacted (:mod:`hs_dataset.integrity.redact`). A build made by many workers is finalized the same
+redacted (:mod:`hs_dataset.redact`). A build made by many workers is finalized the same
 way by :mod:`hs_dataset.scale.merge`.
 """
 
@@ -24,7 +24,7 @@ from hs_dataset.write.resume import part_record
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.errors import EmptyBuildError
 from hs_dataset.integrity.metadata import REJECTS_HASH_KEY, rejects_digest
-from hs_dataset.integrity.redact import redact
+from hs_dataset.redact import redact
 from hs_dataset.codec.encode import stored_state_columns
 from hs_dataset.integrity.stats import PartStatistics
 from hs_dataset.integrity.summary import build_statistics
@@ -127,7 +127,7 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
         **({"probe": previous["probe"]} if previous.get("probe") and previous.get("shards") == files else {}),
         "shards": files,  # name, bytes, rows, xxh3_128, edges_xxh3_128 (hs_dataset.integrity.checksums)
     }
-    meta, _ = redact(meta)  # credentials at any depth, URL user-info: '***' (hs_dataset.integrity.redact)
+    meta, _ = redact(meta)  # credentials at any depth, URL user-info: '***' (hs_dataset.redact)
     text = json.dumps(meta, indent=1)
     atomic_write(state / META_FILE, text)
     atomic_write(out / README_FILE, render_readme(meta, str(out)))

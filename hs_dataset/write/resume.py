@@ -31,7 +31,7 @@ from hs_dataset.write.output import OUT_FILES, foreign, ours_tmp
 from hs_dataset.errors import ConfigMismatchError, ForeignFilesError
 from hs_dataset.integrity.checksums import check_shard
 from hs_dataset.integrity.damage import damaged_parts
-from hs_dataset.integrity.redact import redact_text
+from hs_dataset.redact import redact_text
 from hs_dataset.records import Counts
 from hs_dataset.layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
 

@@ -21,7 +21,7 @@ from hs_dataset.atomic import atomic_write
 from hs_dataset.write.resume import part_ranges, part_record
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import ConfigError, ConfigMismatchError
-from hs_dataset.integrity.redact import redact
+from hs_dataset.redact import redact
 from hs_dataset.layout import SHARE_FILE, SHARES_DIR, STATE_DIR, share_dir_name
 from hs_dataset.model_info import ModelInfo
 from hs_dataset.prepare.source_spec import rows_to_build

@@ -1,6 +1,7 @@
-"""The house: no import cycle in the package (imports inside functions counted), a function-local
-import only to defer a heavy or optional dependency (with its reason in a comment), modules under
-~350 lines, and the README's Layout section naming every module."""
+"""The house: no import cycle in the package (imports inside functions counted), each stage folder
+importing only the stages before it (two named exceptions), a function-local import only to defer a
+heavy or optional dependency (with its reason in a comment), modules under ~350 lines, and the README's
+Layout section naming every module."""
 
 from __future__ import annotations
 
@@ -59,6 +60,34 @@ def test_no_import_cycle():
             visit(m, [])
     assert not cycles, "import cycles (imports inside functions count):\n" + "\n".join(cycles)
     assert not any(m in graph[m] for m in graph)
+
+
+# The stage folders in pipeline order (README, Layout); the root modules and demo/ sit below them all.
+STAGES = ("prepare", "capture", "codec", "write", "integrity", "hub", "read", "stream", "scale", "interop", "cli")
+# A stage that uses a later stage's modules, with the reason (the README's Layout says the same).
+LATER_STAGES_USED = {
+    ("capture", "codec"): "the SGLang plugin and the reference backend encode on their device (fp8, the teacher)",
+    ("write", "integrity"): "the writer computes the checksums, statistics and damage marks that verify checks",
+}
+
+
+def _place(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in (*STAGES, "demo") else "root"
+
+
+def test_each_stage_imports_only_the_stages_before_it():
+    wrong = []
+    for m, p in modules().items():
+        a = _place(m)
+        for d in imported(p, m):
+            b = _place(d)
+            if a == b or b == "root" or (a, b) in LATER_STAGES_USED:
+                continue
+            earlier = b == "demo" or (a in STAGES and b in STAGES and STAGES.index(b) < STAGES.index(a))
+            if not earlier and m not in ("hs_dataset", "hs_dataset.sglang_plugin"):  # the entry points
+                wrong.append(f"{m} -> {d}")
+    assert not wrong, "a stage imports a later stage (or a root module a stage):\n" + "\n".join(wrong)
 
 
 def test_a_function_local_import_says_why():

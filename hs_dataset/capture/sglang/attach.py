@@ -14,7 +14,7 @@ import urllib.request
 from typing import Any
 
 from hs_dataset.errors import BackendError
-from hs_dataset.integrity.redact import split_url_auth
+from hs_dataset.redact import split_url_auth
 
 __all__ = ["AttachedServer"]
 
