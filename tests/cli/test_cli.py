@@ -299,10 +299,11 @@ BAD_VERSIONS = {  # the spelling on the command line: words of the rule the one 
     "--version=-v1": ["invalid version name '-v1'", "starts with '-'"],
     "--version 50d617e": ["invalid version name '50d617e'", "commit id"],
     "--version pr/1": ["invalid version name 'pr/1'", "refs/pr/N"],
+    "--version " + "v" * 300: ["invalid version name '" + "v" * 40 + "'...", "300 characters long: at most 128"],
 }
 
 
-@pytest.mark.parametrize("spelling", list(BAD_VERSIONS))
+@pytest.mark.parametrize("spelling", list(BAD_VERSIONS), ids=lambda v: v[:20])
 def test_a_bad_version_name_is_its_rule_in_one_line_before_anything_else(spelling, tmp_path):
     """Even ``--version -v1``, which argparse alone reads as an option, and before the token is asked for."""
     with running_hub(tmp_path) as hub:

@@ -184,11 +184,13 @@ def test_a_damaged_parquet_file_is_one_config_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("which", ["cut", "damaged"])
-def test_plan_of_a_damaged_parquet_source_is_one_line(tiny_model: str, tmp_path: Path, which: str) -> None:
+def test_plan_and_build_of_a_damaged_parquet_source_are_one_line(tiny_model: str, tmp_path: Path, which: str) -> None:
     """Through the command line: exit 2, one line naming the file (was: a 25-line ArrowInvalid traceback, exit 1)."""
     path = dict(zip(("cut", "damaged"), damaged_parquet(tmp_path)))[which]
     r = run("plan", *demo(tiny_model, "--set", f"source={path}"))
     user_error(r, str(path), "Parquet", "write it again", cmd="plan")
+    r = run("build", *demo(tiny_model, "--set", f"source={path}"), "-o", str(tmp_path / "out"))
+    user_error(r, str(path), "Parquet", "write it again", cmd="build")
 
 
 def test_saved_datasets_and_hf_sources(tmp_path: Path) -> None:

@@ -69,6 +69,11 @@ def test_no_row_of_a_damaged_shard_is_handed_out(ref, tmp_path, fault, monkeypat
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=DrafterCollator())
     with pytest.raises(IntegrityError, match=DAMAGED):
         list(loader)
+    streamed = []
+    with pytest.raises(IntegrityError, match=DAMAGED):  # streaming over the local build's shards: the same
+        for row in iter_torch(open_dataset(out, streaming=True), batch_size=1):
+            streamed.append(row["id"])
+    assert streamed == got
     monkeypatch.setenv(CHECK_ENV, "0")  # the check is what stops it: without it the damaged rows are served
     assert len(list(iter_torch(open_dataset(out), batch_size=1))) == 24
 
