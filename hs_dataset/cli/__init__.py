@@ -38,6 +38,7 @@ from hs_dataset.cli.plan import register as register_plan
 from hs_dataset.cli.scale import register as register_scale
 from hs_dataset.cli.verify import register as register_verify
 from hs_dataset.errors import BuildInterrupted, HsDatasetError
+from hs_dataset.interrupts import interrupt_or_defer
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_USER_ERROR", "cmd_build", "load_preset", "main", "make_parser",
            "parse_value", "run"]
@@ -81,14 +82,16 @@ def _silence_stdout() -> None:
 
 
 class _Terminated:
-    """SIGTERM (what Slurm sends on preemption, and `kill`): ends the command as Ctrl-C does."""
+    """SIGTERM (what Slurm sends on preemption, and `kill`) ends the command as Ctrl-C (SIGINT) does: at once,
+    or while a build generates a part at its next row (:mod:`hs_dataset.interrupts`: never lost)."""
 
     def __init__(self) -> None:
         self.seen = False
 
     def __call__(self, signum: int, frame: object) -> None:
-        self.seen = True
-        raise KeyboardInterrupt
+        if signum == signal.SIGTERM:
+            self.seen = True
+        interrupt_or_defer()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     terminated = _Terminated()
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, terminated) if main_thread else None
+    previous_int = signal.signal(signal.SIGINT, terminated) if main_thread else None
     try:
         a = make_parser().parse_args(dash_version(sys.argv[1:] if argv is None else list(argv)))
         status = a.fn(a)
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            signal.signal(signal.SIGINT, previous_int if previous_int is not None else signal.default_int_handler)
 
 
 def run() -> None:

@@ -259,14 +259,15 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
     again = f"the build command again (`{command}`)" if command else "the same build again (the same configuration)"
     if local:
         here = f"the build command again (`{repair_command(str(command), root)}`)" if command else again
-        foreign = [p.path for p in problems if p.part is None and p.path.startswith(DATA_DIR + "/")
-                   and not SHARD_RE.match(p.path[len(DATA_DIR) + 1:])]
-        move = f" Move {', '.join(foreign)} out of {root / DATA_DIR} first (a build removes only files named like its " \
-               "shards)." if foreign else ""
-        report.repair = (f"Repair: run {here} on {root}: it rebuilds part(s) {report.parts} and removes unlisted "
-                         "shard files (then verify again)." if report.parts else
-                         f"Repair: run {here} on {root}: it removes the unlisted shard files and rewrites the card, "
-                         f"{META_FILE} and rejects.jsonl from the part records.") + move
+        # a finished build's data/ holds only listed shards: anything else is not provably the build's to delete
+        foreign = [str(root / p.path) for p in problems if p.part is None and p.path.startswith(DATA_DIR + "/")
+                   and (root / p.path).exists()]
+        move = f" Move {', '.join(foreign)} out of {root / DATA_DIR} first (a build deletes only files it can prove " \
+               "it wrote)." if foreign else ""
+        report.repair = (f"Repair: run {here} on {root}: it rebuilds part(s) {report.parts} (then verify again)."
+                         if report.parts else
+                         f"Repair: run {here} on {root}: it rewrites the card, {META_FILE} and rejects.jsonl from the "
+                         "part records.") + move
         if mark and (not quick or probed is not None or scan is not None):
             mark_damaged(root, damage_of(problems))
     else:

@@ -199,7 +199,8 @@ def _check_files(shares: list[tuple[Path, dict, Any]], full: bool) -> dict[int, 
                 mark_damaged(d, damage_of(problems))  # its next build redoes those parts
             parts = sorted({p.part for p in problems if p.part is not None})
             raise ShareError(f"share {d} does not match its part records: {'; '.join(map(str, problems))}. Run its "
-                             f"build command again (it rebuilds part(s) {parts} and removes unlisted files), then merge")
+                             f"build command again (it rebuilds part(s) {parts}; move a file no part lists out of its data/ "
+                             "first), then merge")
         records.update((rec["part"], (rec, d)) for rec in mine)
     return records
 

@@ -13,8 +13,9 @@ same command ends with the same rows as an uninterrupted build:
   and, for the finished build, in ``hs_dataset.json`` (``shards``);
 * on start it checks every part record: each listed shard must pass the quick check (size, first
   and last MiB, rows) and not be marked damaged by a full ``hs-dataset verify``, else the part is
-  redone; files in ``data/`` that no valid record lists (a part killed between its moves and its
-  record, a stray copy) are deleted; staging folders (with datasets' ``.incomplete`` dirs) and
+  redone; shards in ``data/`` that no valid record lists are deleted when a record or a move note of
+  the build names them (a part killed between its moves and its record), refused otherwise (a copy put
+  there by hand: :func:`hs_dataset.write.resume.recover`); staging folders (with datasets' ``.incomplete`` dirs) and
   ``.tmp`` files of killed atomic writes are removed;
 * credentials in the configuration and the build command are redacted in everything written
   (:mod:`hs_dataset.redact`);
@@ -55,6 +56,7 @@ from hs_dataset.capture.backends import make_backend
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import BuildInterrupted
+from hs_dataset.interrupts import check_interrupt, interrupts_deferred
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.redact import record_redacted, redact, redact_command
 from hs_dataset.layout import DATA_DIR, STATE_DIR
@@ -192,7 +194,11 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                     stream = CaptureStream(resolved, backend, [(s, e) for _, s, e in todo], workers=workers)
                 if i == todo[0][0]:
                     invalidate_finished(out, state)  # data/ is about to change
-                generated = generate_part(resolved, out, state, i, start, stop, backend, bar, stream, workers, sink)
+                check_interrupt()
+                with interrupts_deferred():  # a signal inside native code is acted on at the next row, never lost
+                    generated = generate_part(resolved, out, state, i, start, stop, backend, bar, stream, workers,
+                                              sink)
+                check_interrupt()
                 if sink is not None:
                     sink.generated(i, generated.counts.rows_written)
                 if committing is not None:  # at most one part committing while the next one is captured

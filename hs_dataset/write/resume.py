@@ -12,7 +12,8 @@ removed, so a rerun of the same command ends with the rows of an uninterrupted b
 Recovery deletes only what it can prove a build wrote: a shard in ``data/`` that its part records
 list, or that a *move note* names (``.hs_build/parts/moving-PPPPP.json``, written by
 :func:`note_moving` before a part's shards are moved into ``data/``: a kill between the move and the
-record leaves them listed there), the ``.tmp`` files of its own atomic writes, and its own
+record leaves them listed there), a shard of a part whose record exists but cannot be read (the build
+committed that part; the record was damaged since), the ``.tmp`` files of its own atomic writes, and its own
 ``.hs_build/`` state. Any other entry of ``data/`` is refused, a file named like a shard included (a
 copy put there by hand): :func:`hs_dataset.write.output.check_output` has refused foreign outputs
 before.
@@ -118,10 +119,11 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
     Returns the parts whose record is valid: the record reads, its row range matches the current
     plan, every shard it lists passes the quick check (:func:`hs_dataset.integrity.checksums.check_shard`:
     size, first and last MiB, rows) and no full verification marked the part damaged. Every other
-    record is removed (its part is redone), and so is every file in ``data/`` that no valid record
-    lists and that bears a shard's name (a part killed between moving its shards and writing its
-    record, a copy named like a shard) is removed; :func:`check_output` has refused any other entry
-    before. Staging folders and the ``.tmp`` files of interrupted atomic writes are removed.
+    record is removed (its part is redone), and so is every shard in ``data/`` that no valid record
+    lists but that the build provably wrote (named by a record or a move note, or of a part whose
+    record is torn: a part killed between moving its shards and writing its record, a part redone);
+    any other file there is refused (:class:`ForeignFilesError`: a copy named like a shard too).
+    Staging folders and the ``.tmp`` files of interrupted atomic writes are removed.
     """
     shutil.rmtree(state / "staging", ignore_errors=True)
     data = out / DATA_DIR
@@ -141,10 +143,13 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
         note.unlink()  # its part has a record now, or is redone below
     damaged = damaged_parts(state)
     plan = {i: (start, stop) for i, start, stop in parts}
+    torn: set[int] = set()  # parts whose record exists but does not read: the build committed them
     for rec in sorted((state / "parts").glob("part-*.json")):
         r = _read_record(rec)
         if r is not None:
             ours.update(f["name"] for f in r["files"])
+        elif rec.stem[len("part-"):].isdigit():
+            torn.add(int(rec.stem[len("part-"):]))
         if r is not None and r["part"] not in plan:
             rec.unlink()  # not a part of this build (max_samples shrank): dropped; its shards go below
             continue
@@ -163,7 +168,8 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
         if not SHARD_RE.match(f.name) or f.is_symlink() or not f.is_file():
             raise ForeignFilesError(f"{foreign(f)} was not written by hs_dataset: move it out of {data}/, then run "
                                     "the same command again")
-        if f.name not in ours:
+        m = SHARD_RE.match(f.name)
+        if f.name not in ours and not (m and int(m.group(1)) in torn):
             raise ForeignFilesError(f"{foreign(f)} is named like a shard, but no record of this build lists it (a "
                                     f"copy?): a build deletes only what it wrote; move it out of {data}/, then run "
                                     "the same command again")

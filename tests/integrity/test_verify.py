@@ -16,7 +16,7 @@ import pytest
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
 from hs_dataset.write.driver import build
-from hs_dataset.errors import IntegrityError
+from hs_dataset.errors import ForeignFilesError, IntegrityError
 from hs_dataset.hub.publish import push_dataset
 from hs_dataset.integrity.verify import repair_command, verify_build, verify_repo
 from hs_dataset.layout import DAMAGED_FILE, STATE_DIR
@@ -81,7 +81,7 @@ def test_a_damaged_shard_is_named_refused_and_repaired(finished, tiny_model, bac
     # the shard, and the command that repairs it: the copy's, not the original's -o ref
     assert named in msg and f"(`hs-dataset build demo -o {out}`) on {out}" in msg and "-o ref" not in msg
     if fault == "duplicate":
-        assert report.parts == [] and "not listed" in msg
+        assert report.parts == [] and "not listed" in msg and f"Move {out / 'data' / named} out of" in msg
     else:
         assert report.parts == [2] and "part(s) [2]" in msg
 
@@ -98,6 +98,11 @@ def test_a_damaged_shard_is_named_refused_and_repaired(finished, tiny_model, bac
         with pytest.raises(IntegrityError, match=named.replace(".", r"\.")):
             open_dataset(out, streaming=True)
 
+    if fault == "duplicate":  # a copy named like a shard is not the build's to delete: refused, untouched
+        with pytest.raises(ForeignFilesError, match=f"{named}.*named like a shard"):
+            build(config(tiny_model), out, backend=backend, progress=False)
+        assert (out / "data" / named).is_file()
+        (out / "data" / named).unlink()  # the user moves it away, as the refusal says
     s = build(config(tiny_model), out, backend=backend, progress=False)
     assert (s.parts_built, s.parts_skipped) == ((0, 6) if fault == "duplicate" else (1, 5))
     assert verify_build(out).ok

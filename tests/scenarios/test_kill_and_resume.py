@@ -323,6 +323,8 @@ def test_a_changed_configuration_is_refused_not_mixed(tiny_model, backend, tmp_p
 
 
 def test_damaged_resume_state_is_repaired_and_only_the_damaged_parts_redone(tiny_model, backend, tmp_path):
+    from hs_dataset.write.resume import note_moving
+
     out, ref = tmp_path / "out", tmp_path / "ref"
     build(config(tiny_model), ref, backend=backend, progress=False)
     first = build(config(tiny_model), out, backend=backend, progress=False)
@@ -332,7 +334,8 @@ def test_damaged_resume_state_is_repaired_and_only_the_damaged_parts_redone(tiny
     with open(data / "train-00002-000.arrow", "r+b") as f:             # a shard cut short (size differs)
         f.truncate(1000)
     (parts / "part-00003.json").write_text('{"part": 3, "fil')         # a torn record
-    (parts / "part-00004.json").unlink()                               # moved, unrecorded: its shard is an orphan
+    note_moving(out / STATE_DIR, 4, ["train-00004-000.arrow"])         # moved, unrecorded (killed before the record):
+    (parts / "part-00004.json").unlink()                               # its shard is an orphan that the note names
     (out / ".README.md.tmp-12345").write_text("half")                  # a killed atomic write
     (parts / ".part-00005.json.tmp-12345").write_text("{")
     (out / STATE_DIR / "staging" / "part-00000.incomplete").mkdir(parents=True)
