@@ -134,16 +134,17 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
     done: set[int] = set()
     keep: set[str] = set()
     ours: set[str] = set()  # named by a record or a move note of this build: provably its own files
-    for note in sorted((state / "parts").glob("moving-*.json")):
+    notes = sorted((state / "parts").glob("moving-*.json"))
+    for note in notes:
         try:
             listed = json.loads(note.read_text(encoding="utf-8"))["files"]
         except (OSError, ValueError, KeyError, TypeError):
             listed = []  # a note is written atomically: unreadable only if damaged; its files are then refused
         ours.update(f for f in listed if isinstance(f, str) and SHARD_RE.match(f))
-        note.unlink()  # its part has a record now, or is redone below
     damaged = damaged_parts(state)
     plan = {i: (start, stop) for i, start, stop in parts}
     torn: set[int] = set()  # parts whose record exists but does not read: the build committed them
+    drop: list[tuple[Path, str | None]] = []  # records to remove (their parts are redone), with why
     for rec in sorted((state / "parts").glob("part-*.json")):
         r = _read_record(rec)
         if r is not None:
@@ -151,30 +152,38 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
         elif rec.stem[len("part-"):].isdigit():
             torn.add(int(rec.stem[len("part-"):]))
         if r is not None and r["part"] not in plan:
-            rec.unlink()  # not a part of this build (max_samples shrank): dropped; its shards go below
+            drop.append((rec, None))  # not a part of this build (max_samples shrank): dropped; its shards go below
             continue
         why = _invalid(r, plan, data, damaged)
         if why is not None or r is None:
-            logger.warning("hs_dataset: redoing %s: %s", rec.stem, why)
-            rec.unlink()
+            drop.append((rec, why))
             continue
         done.add(r["part"])
         keep.update(f["name"] for f in r["files"])
-    fsync_dir(state / "parts")
-    (state / DAMAGED_FILE).unlink(missing_ok=True)  # its parts' records are gone: they are redone
+    orphans = []  # every file of data/ judged before anything is removed: a refusal leaves the proofs in place
     for f in sorted(data.iterdir()):
         if f.name in keep:
             continue
-        if not SHARD_RE.match(f.name) or f.is_symlink() or not f.is_file():
+        m = SHARD_RE.match(f.name)
+        if m is None or f.is_symlink() or not f.is_file():
             raise ForeignFilesError(f"{foreign(f)} was not written by hs_dataset: move it out of {data}/, then run "
                                     "the same command again")
-        m = SHARD_RE.match(f.name)
-        if f.name not in ours and not (m and int(m.group(1)) in torn):
+        if f.name not in ours and int(m.group(1)) not in torn:
             raise ForeignFilesError(f"{foreign(f)} is named like a shard, but no record of this build lists it (a "
                                     f"copy?): a build deletes only what it wrote; move it out of {data}/, then run "
                                     "the same command again")
+        orphans.append(f)
+    for rec, why in drop:
+        if why is not None:
+            logger.warning("hs_dataset: redoing %s: %s", rec.stem, why)
+        rec.unlink()
+    fsync_dir(state / "parts")
+    (state / DAMAGED_FILE).unlink(missing_ok=True)  # its parts' records are gone: they are redone
+    for f in orphans:
         logger.warning("hs_dataset: removing %s: no kept part record lists it", f)
         f.unlink()  # a part killed between moving its shards and writing its record, or one redone
+    for note in notes:
+        note.unlink()  # its part has a record now, or is redone
     fsync_dir(data)
     return done
 

@@ -124,6 +124,11 @@ def test_shards_moved_before_their_record_are_removed_on_the_proof_of_the_move_n
     part_record(state, 1).unlink()  # as if killed after the move, before the record
     (out / "hs_dataset.json").unlink()
     note_moving(state, 1, names)
+    shutil.copyfile(out / "data" / names[0], out / "data" / "train-00007-000.arrow")  # and a copy by hand
+    with pytest.raises(ForeignFilesError, match="train-00007-000.arrow"):
+        build(config(tiny_model, max_samples=8), out, progress=False)
+    assert (state / "parts" / "moving-00001.json").is_file()  # a refusal touches nothing: the proof stays
+    (out / "data" / "train-00007-000.arrow").unlink()  # the user moves the copy away, as told
     s = build(config(tiny_model, max_samples=8), out, progress=False)
     assert (s.parts_built, s.parts_skipped) == (1, 1)
     assert not list((state / "parts").glob("moving-*.json"))
