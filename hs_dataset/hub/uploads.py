@@ -18,14 +18,13 @@ import xxhash
 from huggingface_hub.hf_api import RepoFile
 
 from hs_dataset.errors import IntegrityError, NotABuildError, PublishError
-from hs_dataset.integrity.metadata import UNPUBLISHED_DIRS
+from hs_dataset.integrity.metadata import HUB_ATTRIBUTES, UNPUBLISHED_DIRS
 from hs_dataset.integrity.verify import read_meta, verify_build
 from hs_dataset.layout import DATA_DIR, README_FILE
 
-__all__ = ["EXCLUDED_DIRS", "MAX_FILES_PER_FOLDER", "REGULAR_MAX_SIZE", "LocalFile", "check_folder_sizes",
+__all__ = ["MAX_FILES_PER_FOLDER", "REGULAR_MAX_SIZE", "LocalFile", "check_folder_sizes",
            "local_files", "read_build", "refuse_unverified"]
 
-EXCLUDED_DIRS = UNPUBLISHED_DIRS
 REGULAR_MAX_SIZE = 10 * 1024 * 1024  # the Hub stores anything >= 10 MiB with LFS
 MAX_FILES_PER_FOLDER = 10_000  # Hub limit
 
@@ -84,7 +83,7 @@ def local_files(root: Path) -> dict[str, LocalFile]:
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = Path(dirpath).relative_to(root)
         if rel_dir == Path("."):
-            dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]
+            dirnames[:] = [d for d in dirnames if d not in UNPUBLISHED_DIRS]
         dirnames[:] = [d for d in dirnames if d not in (".git", ".cache")]
         dirnames.sort()
         for name in sorted(filenames):
@@ -92,7 +91,7 @@ def local_files(root: Path) -> dict[str, LocalFile]:
             if path.is_symlink() and not path.exists():
                 continue
             rel = (rel_dir / name).as_posix()
-            if rel in (README_FILE, ".gitattributes"):
+            if rel in (README_FILE, HUB_ATTRIBUTES):
                 continue  # the card is re-rendered in the final commit; .gitattributes is the Hub's
             size = path.stat().st_size
             sha256, git_oid, xxh = hash_file(path, size)

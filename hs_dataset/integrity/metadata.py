@@ -21,15 +21,15 @@ import yaml
 
 from hs_dataset.write.card import readme_header, split_readme
 from hs_dataset.write.card_quality import QUALITY_HEADING, quality_section
+from hs_dataset.write.output import OUT_FILES
 from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, STATE_DIR, STORAGE_DTYPES, state_columns
 from hs_dataset.records import Counts
 
-__all__ = ["BUILD_FILES", "REJECTS_HASH_KEY", "UNPUBLISHED_DIRS", "check_metadata", "rejects_digest", "stray_files"]
+__all__ = ["HUB_ATTRIBUTES", "REJECTS_HASH_KEY", "UNPUBLISHED_DIRS", "check_metadata", "rejects_digest", "stray_files"]
 
 REJECTS_HASH_KEY = "rejects_xxh3_128"  # in hs_dataset.json: rejects.jsonl's content hash
 UNPUBLISHED_DIRS = (STATE_DIR, ".git", ".cache")  # top-level folders a push never uploads
-# The files of a build beside data/ (.gitattributes: the Hub's own, in every downloaded version; never uploaded).
-BUILD_FILES = (META_FILE, README_FILE, REJECTS_FILE, ".gitattributes")
+HUB_ATTRIBUTES = ".gitattributes"  # the Hub's own, in every downloaded version; never uploaded
 
 
 def stray_files(root: Path) -> list[str]:
@@ -38,7 +38,7 @@ def stray_files(root: Path) -> list[str]:
     folders a push skips. Sorted, relative to ``root``."""
     out = []
     for p in sorted(root.iterdir()):
-        if p.name in UNPUBLISHED_DIRS or p.name == DATA_DIR or (p.name in BUILD_FILES and p.is_file()):
+        if p.name in UNPUBLISHED_DIRS or p.name == DATA_DIR or (p.name in (*OUT_FILES, HUB_ATTRIBUTES) and p.is_file()):
             continue
         out += [q.relative_to(root).as_posix() for q in sorted(p.rglob("*")) if q.is_file()] if p.is_dir() else \
             [p.name]
