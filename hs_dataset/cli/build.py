@@ -78,7 +78,8 @@ def cmd_build(a: argparse.Namespace) -> int:
         if merged is None:  # this worker's share is built; the worker of the last one merges (and pushes)
             return 0
         c = merged.counts
-        print_duplicates(a.output)
+        print_duplicates(a.output)  # the summary's line comes last: a user reads the end of the output
+        print(merged.message())
     else:
         try:
             s = build(config, a.output, progress=not a.no_progress, build_command=command_line(),
@@ -89,10 +90,10 @@ def cmd_build(a: argparse.Namespace) -> int:
                 print_rejects(rejects, len(rejects), file=sys.stderr)
             raise
         c = s.counts
+        print_duplicates(a.output)
         print(f"built {s.output_dir}: {c.written:,} samples written, {c.rejected:,} rejected (of {c.samples_in:,}), "
               f"{c.tokens_written:,} tokens, {size(s.bytes_written)} in {s.seconds:.1f}s "
               f"({s.parts_built} parts built, {s.parts_skipped} already done)")
-        print_duplicates(a.output)
     if c.rejected:  # the same check for a single worker's build and a merged one
         rejects = read_rejects(a.output)
         bad = c.rejected - c.rejects_by_stage.get(DUPLICATE_STAGE, 0)  # duplicates=skip leaves those out on purpose

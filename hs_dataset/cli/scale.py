@@ -40,7 +40,7 @@ def wants_scaleout(a: argparse.Namespace) -> bool:
 
 def scaleout_build(a: argparse.Namespace, config: HiddenStatesConfig, command: str) -> MergeSummary | None:
     """``hs-dataset build`` with ``--workers``/``--worker-index``/``--ray``: build, print, merge.
-    -> the merge, when ``a.output`` now holds the finished build (to check and push); None otherwise."""
+    -> the merge, when ``a.output`` now holds the finished build (to print, check and push); None otherwise."""
     from hs_dataset.scale.launchers import parse_count, resolve_share  # deferred: imports pyarrow
     from hs_dataset.scale.worker import build_share  # deferred: imports torch, datasets
 
@@ -64,7 +64,6 @@ def scaleout_build(a: argparse.Namespace, config: HiddenStatesConfig, command: s
             print(f"{a.output}: not every share is done yet (or another worker is merging them); the worker of the "
                   f"last one merges them (or run: hs-dataset merge {shlex.quote(str(a.output))})")
             return None
-    print(merged.message())
     return merged
 
 

@@ -279,6 +279,9 @@ def test_lowering_max_samples_is_refused_unless_allowed(tiny_model, copy):
     assert sorted(p.name for p in (copy / "data").iterdir()) == shards and (copy / META_FILE).exists()
     r = run("build", *demo(tiny_model, "--max-samples", "8"), "-o", str(copy), "--allow-shrink")
     assert r.returncode == 0 and "8 samples written" in r.stdout, r.stderr[-3000:]
+    # a finished build's summary is the last thing it prints (duplicates first): a user reads the end
+    assert r.stdout.strip().splitlines()[-1].startswith(f"built {copy}: 8 samples written"), r.stdout[-2000:]
+    assert "duplicates: " in r.stdout and "Traceback" not in r.stdout + r.stderr
 
 
 # ------------------------------------------------------------------ 5. inspect
