@@ -15,7 +15,10 @@ Faults:
   keeps its finished parts;
 * this process dying: SGLang's schedulers and detokenizer die with it (their ``PR_SET_PDEATHSIG``);
 * a failed start (out of GPU memory, a model SGLang cannot load, a port in use): one line saying
-  which, and what to change (:func:`start_error`).
+  which, and what to change (:func:`start_error`);
+* closing: only the processes the engine's start began are killed. ``sglang.Engine.shutdown`` kills
+  every child of this process, so a trainer reading the build's stream that the same script started
+  (found by the device's stream test) or a DataLoader's workers died with it.
 
 SGLang logs at ``warning`` level (``--debug`` / ``HS_DATASET_DEBUG=1``: ``info``).
 """
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hs_dataset.processes import describe_exit
-from hs_dataset.capture.sglang.versions import engine_processes, sigquit_option, watched_children
+from hs_dataset.capture.sglang.versions import engine_processes, sigquit_option, stop_before_kill, watched_children
 from hs_dataset.capture.transport import ENV, SCHEDULER_ERROR
 from hs_dataset.errors import BackendError
 
@@ -50,13 +53,41 @@ def on_sigquit(signum: int, frame: Any) -> None:
     CHILD_DIED.set()
 
 
-def _kill_children() -> None:
-    """SGLang processes left by a failed start (they would hold the GPU)."""
-    for p in engine_processes():
+def _child_pids() -> set[int]:
+    """This process's direct children now (empty without psutil)."""
+    try:
+        import psutil  # optional: SGLang depends on it
+    except ImportError:
+        return set()
+    return {p.pid for p in psutil.Process().children()}
+
+
+def _started_since(before: set[int]) -> list:
+    """This process's direct children that were not there in ``before``: what an engine start began."""
+    try:
+        import psutil  # optional: SGLang depends on it
+    except ImportError:
+        return []
+    return [p for p in psutil.Process().children() if p.pid not in before]
+
+
+def _kill_trees(roots: list, wait_s: float = 60.0) -> None:
+    """SIGKILL each of ``roots`` and every process under it, then wait until they are gone (SGLang's shutdown
+    does the same to every child of this process: a trainer or worker this process started too)."""
+    import psutil  # optional: SGLang depends on it; ``roots`` is empty without it
+
+    victims = []
+    for root in roots:
+        try:
+            victims += root.children(recursive=True) + [root]
+        except psutil.Error:  # gone already
+            continue
+    for p in victims:
         try:
             p.kill()
-        except Exception:  # psutil.NoSuchProcess and kin: it is gone already
+        except psutil.Error:
             pass
+    psutil.wait_procs(victims, timeout=wait_s)
 
 
 def scheduler_error(ring_dir: str | os.PathLike) -> str | None:
@@ -131,16 +162,19 @@ class OwnEngine:
         if not args.get("disable_radix_cache", True):
             raise BackendError("disable_radix_cache=False: a radix-cache prefix hit skips computing those positions, "
                                "so their hidden states would not exist; leave the cache disabled")
+        before = _child_pids()
         try:
             self.engine = sgl.Engine(**args)
         except BackendError:
             raise
         except Exception as e:  # SGLang raises many kinds at start (RuntimeError, torch.OutOfMemoryError, OSError...)
-            _kill_children()
+            _kill_trees(_started_since(before))  # what the failed start left would hold the GPU
             raise start_error(e, args, scheduler_error(ring_dir)) from e
+        self._started = _started_since(before)  # the engine's processes (and what its start began): close() ends them
         self._ring_dir = ring_dir
         self._children = watched_children(self.engine)
-        self._others = engine_processes()
+        mine = {p.pid for p in self._started}
+        self._others = [p for p in engine_processes() if p.pid in mine or any(a.pid in mine for a in p.parents())]
         self.loop: asyncio.AbstractEventLoop = self.engine.loop
         self._loop_thread: threading.Thread | None = threading.Thread(
             target=self.loop.run_forever, name="hs_dataset-sglang-loop", daemon=True)
@@ -179,7 +213,11 @@ class OwnEngine:
             self._loop_thread.join(timeout=30)
             self._loop_thread = None
         try:
-            self.engine.shutdown()
+            if self._started:  # not sglang.Engine.shutdown(): it SIGKILLs every child of this process, ours too
+                stop_before_kill(self.engine)
+                _kill_trees(self._started)
+            else:  # no psutil to tell the engine's processes from others
+                self.engine.shutdown()
         finally:
             os.environ.pop(ENV, None)
             if threading.current_thread() is threading.main_thread():

@@ -11,7 +11,7 @@ from typing import Any
 from hs_dataset.errors import BackendError
 
 __all__ = ["MIN_SGLANG", "SUPPORTED_SGLANG", "TESTED_SGLANG", "check_sglang_version", "engine_processes",
-           "sglang_version_tuple", "sigquit_option", "watched_children"]
+           "sglang_version_tuple", "sigquit_option", "stop_before_kill", "watched_children"]
 
 MIN_SGLANG = (0, 5, 11)  # the first release with the plugin framework (entry points + HookRegistry)
 TESTED_SGLANG = "0.5.17"  # what the GPU suite ran on
@@ -51,6 +51,23 @@ def watched_children(engine: Any) -> list[tuple[str, Any]]:
     if not procs:
         return []
     return list(zip(names or [f"process {i}" for i in range(len(procs))], procs))
+
+
+def stop_before_kill(engine: Any) -> None:
+    """What ``sglang.Engine.shutdown`` does before it SIGKILLs every child of this process (0.5.17): stop its
+    subprocess watchdog (a killed child is no fault then), close its RPC socket, let its weight-cache daemons
+    clean up. The caller then kills the engine's own processes only."""
+    dog = getattr(getattr(engine, "tokenizer_manager", None), "_subprocess_watchdog", None)
+    if dog is not None:
+        dog.stop()
+    rpc = getattr(engine, "send_to_rpc", None)
+    if rpc is not None:
+        rpc.close(linger=0)
+        engine.send_to_rpc = None
+    daemons = getattr(engine, "_weight_cache_daemon_procs", None)
+    if daemons:
+        engine._terminate_weight_cache_daemons(daemons)
+        engine._weight_cache_daemon_procs = []
 
 
 def sigquit_option() -> str | None:
