@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.fixtures.builds import root_env
 from tests.gpu.models import GPU_MARKS
 
 pytestmark = GPU_MARKS
@@ -41,7 +42,7 @@ def test_a_trainer_reads_an_sglang_build_as_it_runs(models, tmp_path):
                              backend_options={"max_inflight": 32, "ring_bytes": 256 << 20, "engine_args": ENGINE_ARGS})
     ckpt = tmp_path / "ckpt.json"
     p = subprocess.Popen([sys.executable, "-m", "tests.stream.trainer", str(out), "--ckpt", str(ckpt), "--epochs", "2",
-                          "--write", "--prefetch", str(256 << 20)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          "--write", "--prefetch", str(256 << 20)], cwd=ROOT, env=root_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pub = StreamPublisher(budget_bytes=1 << 30)
     t = time.time()

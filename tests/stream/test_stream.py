@@ -11,7 +11,6 @@ the test kills).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from hs_dataset.read.open import open_dataset
 from hs_dataset.stream import StreamPublisher, open_stream
 from hs_dataset.stream.deal import epoch_order, position, rows_of_rank
 from hs_dataset.write.driver import build
-from tests.fixtures.builds import DEMO, config
+from tests.fixtures.builds import DEMO, config, root_env
 from tests.stream.trainer import digest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +52,7 @@ class WaitForReaders(StreamPublisher):
 
 def trainer(address: Path | str, ckpt: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tests.stream.trainer", str(address), "--ckpt", str(ckpt), *args],
-                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                            cwd=ROOT, env=root_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -222,7 +221,7 @@ def test_rows_of_a_part_rolled_back_by_a_crash_are_not_dealt_again(tiny_model, t
            str(out), "--no-progress", "--set", f"model={tiny_model}", "--set", f"source={DEMO}",
            "--set", "max_samples=32", "--set", "part_size=16", "--set", "max_length=256",
            "--stream", "--stream-bytes", str(3 * ROW_BYTES)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = root_env()
     ckpt = tmp_path / "ckpt.json"
     p = trainer(out, ckpt, "--sleep", "0.1")
     b = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -258,7 +257,7 @@ def test_a_trainer_on_another_node_reads_the_stream_through_ray(tiny_model, back
         start_relay("test-relay", out)
         p = subprocess.Popen([sys.executable, "-m", "tests.stream.trainer", "ray:test-relay", "--ckpt",
                               str(tmp_path / "ckpt.json"), "--epochs", "2", "--write"], cwd=ROOT,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT), RAY_ADDRESS=ray.get_runtime_context().gcs_address),
+                             env=root_env(RAY_ADDRESS=ray.get_runtime_context().gcs_address),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         build(config(tiny_model, max_samples=16), out, backend=backend, progress=False, sink=WaitForReaders(1))
         got = finish(p)
@@ -287,7 +286,7 @@ def test_the_collator_batches_the_stream_as_it_batches_the_version(tiny_model, b
 
 def test_the_training_example_trains_while_the_build_runs(tiny_model, tmp_path):
     out = tmp_path / "demo_out"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = root_env()
     train = subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_drafter.py"), str(out), "--steps", "40",
                               "--stream"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     r = subprocess.run([sys.executable, "-m", "hs_dataset.cli", "build", str(ROOT / "builder_scripts" / "tiny_demo.py"),
@@ -344,7 +343,7 @@ def test_the_stream_benchmark_runs(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stream.py"), "--backend", "transformers",
                         "--samples", "8", "--tokens", "64", "--part-size", "4", "--reps", "1", "--work",
                         str(tmp_path / "work"), "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       timeout=600, env=root_env())
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert set(res["tok_s"]) == {"plain", "alone", "trainer"} and all(v > 0 for v in res["tok_s"].values())
