@@ -8,17 +8,22 @@ relative error ``mean |stored - ref| / mean |ref|``. A column matches when it me
 ========== ================ ============== ====================
 storage    mean cosine >=   rel. error <=  every token cos >=
 ========== ================ ============== ====================
-bfloat16   0.999            0.02           0.5
-fp8_e4m3   0.995            0.06           0.5
+bfloat16   0.98             0.12           0.3
+fp8_e4m3   0.975            0.15           0.3
 ========== ================ ============== ====================
 
 Why: another engine (SGLang's fused kernels, Triton attention, MoE kernels) on the same bf16 weights
-differs by bf16 rounding accumulated over the layers: 0.9996-0.99997 mean cosine and 0.65-1.08%
-error on the H200 (README, "GPU tests and benchmarks"), a few MoE tokens down to 0.90 where rounding
-flips an expert; fp8 e4m3 adds its 3-bit mantissa (the tiny test model on the CPU, fp8 stored against
-the bf16 reference: 0.99965 mean cosine, 2.3% error, no token below 0.9994). A state of another sample,
-shifted by a token, zeroed (prompt positions a radix cache skipped) or NaN is far outside: cosines near
-0, errors near or above 100% (the tests' faults: 0.86 and 64% for an fp8 column clamped at 448).
+differs by bf16 rounding accumulated over the layers, and more the wider the model: on the H200 the tiny
+Llama and DeepSeek-V3 (hidden 512) gave 0.9996-0.99997 mean cosine and 0.65-1.08% error; the Kimi-width
+stand-in (DeepSeek-V3 at hidden 7168, 6 layers, random weights; 64 rows of 1,024 tokens built through
+SGLang, ``tests/gpu/test_probe.py``) 0.986-0.999 and 1.6-6.6%, growing with depth, single tokens down
+to 0.59 where rounding flips an expert (random routers are near ties). fp8 e4m3 adds its 3-bit mantissa
+(the tiny test model on the CPU, fp8 stored against the bf16 reference: 0.99965 mean cosine, 2.3% error).
+A state of another sample, shifted by a token, zeroed (prompt positions a radix cache skipped) or NaN
+is far outside: cosines near 0, errors near or above 100% (the tests' faults: 0.86 and 64% for an fp8
+column clamped at 448; the adjacent layer's state 46-90% on the tiny models). What these bounds let
+through: a deep model's adjacent layer may lie within 12% of the asked one; the layer convention is
+pinned by the GPU parity suite, not by the probe.
 
 A column that does not match is tested against its neighbours (:func:`explain`): the reference
 shifted by one token either way (a state written one position off), and other probed samples'
@@ -40,13 +45,13 @@ class Thresholds:
 
     mean_cos: float
     rel_err: float
-    token_cos: float = 0.5
+    token_cos: float = 0.3
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
 
-THRESHOLDS = {"bfloat16": Thresholds(0.999, 0.02), "fp8_e4m3": Thresholds(0.995, 0.06)}
+THRESHOLDS = {"bfloat16": Thresholds(0.98, 0.12, 0.3), "fp8_e4m3": Thresholds(0.975, 0.15, 0.3)}
 
 
 @dataclass(frozen=True)
