@@ -8,15 +8,15 @@ relative error ``mean |stored - ref| / mean |ref|``. A column matches when it me
 ========== ================ ============== ====================
 storage    mean cosine >=   rel. error <=  every token cos >=
 ========== ================ ============== ====================
-bfloat16   0.98             0.12           0.3
-fp8_e4m3   0.975            0.15           0.3
+bfloat16   0.97             0.12           0.3
+fp8_e4m3   0.965            0.15           0.3
 ========== ================ ============== ====================
 
 Why: another engine (SGLang's fused kernels, Triton attention, MoE kernels) on the same bf16 weights
 differs by bf16 rounding accumulated over the layers, and more the wider the model: on the H200 the tiny
 Llama and DeepSeek-V3 (hidden 512) gave 0.9996-0.99997 mean cosine and 0.65-1.08% error; the Kimi-width
 stand-in (DeepSeek-V3 at hidden 7168, 6 layers, random weights; 64 rows of 1,024 tokens built through
-SGLang, ``tests/gpu/test_probe.py``) 0.986-0.999 and 1.6-6.6%, growing with depth, single tokens down
+SGLang, ``tests/gpu/test_probe.py``) 0.985-0.999 and 1.6-7.1%, growing with depth, single tokens down
 to 0.59 where rounding flips an expert (random routers are near ties). fp8 e4m3 adds its 3-bit mantissa
 (the tiny test model on the CPU, fp8 stored against the bf16 reference: 0.99965 mean cosine, 2.3% error).
 A state of another sample, shifted by a token, zeroed (prompt positions a radix cache skipped) or NaN
@@ -51,7 +51,7 @@ class Thresholds:
         return asdict(self)
 
 
-THRESHOLDS = {"bfloat16": Thresholds(0.98, 0.12, 0.3), "fp8_e4m3": Thresholds(0.975, 0.15, 0.3)}
+THRESHOLDS = {"bfloat16": Thresholds(0.97, 0.12, 0.3), "fp8_e4m3": Thresholds(0.965, 0.15, 0.3)}
 
 
 @dataclass(frozen=True)

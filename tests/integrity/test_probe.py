@@ -239,8 +239,8 @@ def test_a_published_version_is_probed_from_only_the_shards_holding_the_rows(bui
 
 
 def test_the_bounds_hold_what_another_engine_gives_at_kimi_width_and_nothing_wrong():
-    """The device's clean Kimi-width build through SGLang: 1.6-6.6% relative error to the transformers
-    reference (mean cosine down to 0.986) failed every row under the first bounds (2%, 0.999). States of
+    """The device's clean Kimi-width build through SGLang: 1.6-7.1% relative error to the transformers
+    reference (mean cosine down to 0.985) failed every row under the first bounds (2%, 0.999). States of
     that size of difference match; another sample's states, a shifted or a zeroed prefix do not."""
     import torch
 
@@ -248,7 +248,7 @@ def test_the_bounds_hold_what_another_engine_gives_at_kimi_width_and_nothing_wro
 
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(512, 7168, generator=g)
-    noisy = ref + 0.066 * torch.randn(ref.shape, generator=g)  # 6.6% relative error, cosine 0.998
+    noisy = ref + 0.071 * torch.randn(ref.shape, generator=g)  # 7.1% relative error, cosine 0.997
     flipped = noisy.clone()
     flipped[100] = 0.6 * ref[100] + 0.8 * torch.randn(7168, generator=g)  # one token an expert flipped: cos ~0.6
     other = torch.randn(512, 7168, generator=g)
