@@ -245,14 +245,21 @@ def run_probe(meta: dict[str, Any], where: str, n: int, shard_path: Callable[[di
     return report
 
 
+_GLANCE = 64  # positions compared first when looking for whose states a row holds
+
+
 def _whose(r: StoredRow, failing: list[str], refs: dict[int, torch.Tensor], rows: dict[int, StoredRow],
            columns: list[str], th: Thresholds, rp: RowProbe) -> str:
     """Whose states ``r`` holds, among the other probed rows (compared over their common prefix)."""
+    first = columns.index(failing[0])
     for other, ref in refs.items():
         if other == r.row:
             continue
         n = min(r.num_tokens, ref.shape[1])
-        if n and all(compare(r.states[c][:n], ref[columns.index(c)][:n], th).ok(th) for c in failing):
+        m = min(n, _GLANCE)
+        if not n or not compare(r.states[failing[0]][:m], ref[first][:m], th).ok(th):
+            continue  # a glance at the first positions rules most rows out (a build whose every row fails: n^2)
+        if all(compare(r.states[c][:n], ref[columns.index(c)][:n], th).ok(th) for c in failing):
             return (f"{', '.join(failing)} hold the states of sample {rows[other].sample_id} (row {other}; over the "
                     f"{n} positions both have), not its own")
     worst = "; ".join(f"{c}: mean cosine {rp.columns[c]['mean_cos']:.4f}, relative error {rp.columns[c]['rel_err']:.1%}"
