@@ -72,10 +72,20 @@ def _started_since(before: set[int]) -> list:
     return [p for p in psutil.Process().children() if p.pid not in before]
 
 
+def _under(proc: Any, pids: set[int]) -> bool:
+    """Whether the psutil process ``proc`` is one of ``pids`` or runs under one of them."""
+    try:
+        return proc.pid in pids or any(a.pid in pids for a in proc.parents())
+    except Exception:  # psutil.Error: it is gone
+        return False
+
+
 def _kill_trees(roots: list, wait_s: float = 60.0) -> None:
     """SIGKILL each of ``roots`` and every process under it, then wait until they are gone (SGLang's shutdown
     does the same to every child of this process: a trainer or worker this process started too)."""
-    import psutil  # optional: SGLang depends on it; ``roots`` is empty without it
+    if not roots:  # nothing started, or no psutil to tell
+        return
+    import psutil  # optional: SGLang depends on it
 
     victims = []
     for root in roots:
@@ -180,8 +190,7 @@ class OwnEngine:
         self._started = _started_since(before)  # the engine's processes (and what its start began): close() ends them
         self._ring_dir = ring_dir
         self._children = watched_children(self.engine)
-        mine = {p.pid for p in self._started}
-        self._others = [p for p in engine_processes() if p.pid in mine or any(a.pid in mine for a in p.parents())]
+        self._others = [p for p in engine_processes() if _under(p, {q.pid for q in self._started})]
         self.loop: asyncio.AbstractEventLoop = self.engine.loop
         self._loop_thread: threading.Thread | None = threading.Thread(
             target=self.loop.run_forever, name="hs_dataset-sglang-loop", daemon=True)
