@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""How fast one process can write Kimi-width rows into a file system, by method (issue 26's builder speed).
+
+The builder into /dev/shm moved 1.26-1.9 GB/s of states on the H200's host (16 cores), where 0.9x of the
+engine's prefill at Kimi width is ~6 GB/s. Its shard writes go through ``ParallelWriter``
+(``hs_dataset/write/parallel_files.py``): 8 MiB pieces of each write on several threads with ``pwrite``
+into one file. A buffered write holds the file's inode lock on tmpfs and ext4, so pieces of one file may
+not be written in parallel at all. This measures, for the same bytes (``--rows`` rows of ``--mb`` MB,
+random bits, written ``--reps`` times each, the file removed between runs):
+
+  write        one thread, ``os.write`` of each row into one file (the baseline)
+  pwrite-K     K threads, ``os.pwrite`` of 8 MiB pieces into one file (what ParallelWriter does)
+  mmap-K       the file sized first, mapped, K threads copying rows into the mapping
+  files-K      K files at once, a thread each writing its rows (shard files written side by side)
+
+Printed per method: GB/s (best of the reps) and CPU seconds per GB (every thread). The builder's
+design follows the fastest method that keeps one file per shard where it can.
+
+    python benchmarks/file_writes.py --dir /dev/shm --threads 2,4,8 --json $OUT/file-writes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import resource
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+PIECE = 8 << 20
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _threads(k: int, work: Callable[[int], None]) -> None:
+    ts = [threading.Thread(target=work, args=(j,)) for j in range(k)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def methods(row: np.ndarray, rows: int, path: Path, ks: list[int]) -> dict[str, Callable[[], None]]:
+    n = row.nbytes
+    total = rows * n
+
+    def write() -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        for _ in range(rows):
+            os.write(fd, row)
+        os.close(fd)
+
+    def pwrite(k: int) -> Callable[[], None]:
+        def run() -> None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            view = memoryview(row)
+            pieces = [(i * n + a, view[a:a + PIECE]) for i in range(rows) for a in range(0, n, PIECE)]
+            _threads(k, lambda j: [os.pwrite(fd, v, off) for off, v in pieces[j::k]])
+            os.close(fd)
+        return run
+
+    def mapped(k: int) -> Callable[[], None]:
+        def run() -> None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.ftruncate(fd, total)
+            m = mmap.mmap(fd, total)
+            dst = np.frombuffer(m, dtype=np.uint8)
+            _threads(k, lambda j, d=dst: [np.copyto(d[i * n:(i + 1) * n], row) for i in range(j, rows, k)])
+            del dst
+            m.close()
+            os.close(fd)
+        return run
+
+    def files(k: int) -> Callable[[], None]:
+        def run() -> None:
+            def one(j: int) -> None:
+                fd = os.open(f"{path}.{j}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                for _ in range(j, rows, k):
+                    os.write(fd, row)
+                os.close(fd)
+            _threads(k, one)
+        return run
+
+    out = {"write": write}
+    for k in ks:
+        out[f"pwrite-{k}"] = pwrite(k)
+        out[f"mmap-{k}"] = mapped(k)
+        out[f"files-{k}"] = files(k)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/dev/shm")
+    ap.add_argument("--mb", type=float, default=117.4, help="bytes of one row (a 2,048-token Kimi-width row: 117.4)")
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--threads", default="2,4,8")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    row = np.random.default_rng(0).integers(0, 255, size=int(a.mb * 1e6), dtype=np.uint8)
+    path = Path(a.dir) / f"hs-file-writes-{os.getpid()}"
+    ks = [int(k) for k in a.threads.split(",")]
+    total = a.rows * row.nbytes
+    res: dict[str, dict[str, float]] = {}
+    for _ in range(a.reps):  # interleaved: each method once per round
+        for name, run in methods(row, a.rows, path, ks).items():
+            c, t = _cpu(), time.perf_counter()
+            run()
+            dt, cpu = time.perf_counter() - t, _cpu() - c
+            for p in Path(a.dir).glob(path.name + "*"):
+                p.unlink()
+            r = res.setdefault(name, {"GBps": 0.0, "cpu_s_per_GB": float("inf")})
+            r["GBps"] = max(r["GBps"], round(total / dt / 1e9, 3))
+            r["cpu_s_per_GB"] = min(r["cpu_s_per_GB"], round(cpu / (total / 1e9), 3))
+    print(f"{a.rows} rows x {row.nbytes / 1e6:.1f} MB into {a.dir}, {os.cpu_count()} CPUs, best of {a.reps}")
+    for name, r in res.items():
+        print(f"  {name:10s} {r['GBps']:6.2f} GB/s  {r['cpu_s_per_GB']:5.2f} CPU-s/GB")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"dir": a.dir, "row_bytes": row.nbytes, "rows": a.rows, "cpus": os.cpu_count(),
+                                            "reps": a.reps, "methods": res}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
