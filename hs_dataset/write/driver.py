@@ -194,11 +194,10 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                     stream = CaptureStream(resolved, backend, [(s, e) for _, s, e in todo], workers=workers)
                 if i == todo[0][0]:
                     invalidate_finished(out, state)  # data/ is about to change
-                check_interrupt()
                 with interrupts_deferred():  # a signal inside native code is acted on at the next row, never lost
                     generated = generate_part(resolved, out, state, i, start, stop, backend, bar, stream, workers,
                                               sink)
-                check_interrupt()
+                check_interrupt()  # one noted after the part's last row (outside the block a signal raises at once)
                 if sink is not None:
                     sink.generated(i, generated.counts.rows_written)
                 if committing is not None:  # at most one part committing while the next one is captured
