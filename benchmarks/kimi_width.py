@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 ENGINE_ARGS = dict(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
-                   disable_cuda_graph=True, mem_fraction_static=0.6, context_length=131078)
+                   disable_cuda_graph=True, mem_fraction_static=0.6, context_length=131080)
 LAYERS = (1, 3, 4)
 
 

@@ -75,8 +75,14 @@ def make_8b_llama(path: Path) -> Path:
 
 
 def make_kimi_width(path: Path) -> Path:
+    """The Kimi-width checkpoint (random weights, made on the GPU by the shared recipe) with the tiny
+    DeepSeek-style tokenizer, which the recipe's maker no longer finds at its old import path."""
     if not (path / "config.json").exists():
         subprocess.run([sys.executable, str(ROOT / ".gpu" / "make_kimi_width.py"), str(path)], check=True)
+    if not (path / "tokenizer_config.json").exists():
+        from hs_dataset.demo.tiny import make_tiny_tokenizer
+
+        make_tiny_tokenizer(path, template="deepseek")
     return path
 
 
@@ -236,7 +242,6 @@ def main() -> None:
     res["interleaved"] = {"reps": a.reps, "shared_loop": shared_loop,
                           "not_ours/plain": spread([x / max(runs["plain"]) for x in runs["not_ours"]]),
                           "capture/plain": spread([x / max(runs["plain"]) for x in runs["capture"]])}
-    eng.shutdown()
     dump()
 
     def plugin_delta(before: dict | None, seconds: float) -> dict:
@@ -298,6 +303,9 @@ def main() -> None:
         shutil.rmtree(where / tag, ignore_errors=True)
         dump()
     be.close()
+    # Engine A last: sglang.Engine.shutdown SIGKILLs every child of this process, engine B's too (the
+    # device run of 2026-12-03 lost B's scheduler mid-build that way when A was shut down first)
+    eng.shutdown()
     disk = res["disk_write_MBps"] * 1e6
     allows = {d: disk / bytes_per_token(n_states, hidden, d) for d in ("bfloat16", "fp8_e4m3")}
     res["disk_allows_tok_s"] = {d: round(v) for d, v in allows.items()}

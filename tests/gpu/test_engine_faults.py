@@ -167,11 +167,12 @@ def test_a_successful_cli_build_ends_with_its_summary(llama, tmp_path):
     p = cli("build", str(s), "-o", str(tmp_path / "out"), "--no-progress")
     text = p.communicate(timeout=900)[0]
     lines = [line for line in text.splitlines() if line.strip()]
-    noise = ("Traceback", "Logging error", "Task was destroyed", "resource_tracker", "KeyError", "Multi-thread loading")
-    _faults["clean_exit"] = {"exit": p.returncode, "last_lines": lines[-3:], "noise": [w for w in noise if w in text]}
+    noise = ("Traceback", "Logging error", "Task was destroyed", "resource_tracker", "KeyError")
+    _faults["clean_exit"] = {"exit": p.returncode, "last_lines": lines[-3:], "noise": [w for w in noise if w in text],
+                             "sglang_bar": "Multi-thread loading" in text}  # SGLang's own, shown (engine.py says why)
     _dump()
     assert p.returncode == 0, text[-3000:]
-    for bad in noise:  # no traceback, logging error or SGLang progress bar in a successful build's output
+    for bad in noise:  # no traceback or logging error in a successful build's output
         assert bad not in text, (bad, text[-3000:])
     assert lines[-1].startswith(("built ", "every reject with its reason")), lines[-3:]
 

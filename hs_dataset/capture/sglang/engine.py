@@ -20,8 +20,10 @@ Faults:
   every child of this process, so a trainer reading the build's stream that the same script started
   (found by the device's stream test) or a DataLoader's workers died with it.
 
-SGLang logs at ``warning`` level and its processes draw no progress bars (``--debug`` /
-``HS_DATASET_DEBUG=1``: ``info``, and its bars).
+SGLang logs at ``warning`` level (``--debug`` / ``HS_DATASET_DEBUG=1``: ``info``). Its scheduler's
+weight-loading bar ("Multi-thread loading shards") stays: SGLang passes tqdm ``disable=`` explicitly, so
+``TQDM_DISABLE`` cannot reach it (tried on the device, 2026-12-03), and silencing it would mean patching
+tqdm inside SGLang's processes.
 """
 
 from __future__ import annotations
@@ -174,9 +176,6 @@ class OwnEngine:
             raise BackendError("disable_radix_cache=False: a radix-cache prefix hit skips computing those positions, "
                                "so their hidden states would not exist; leave the cache disabled")
         before = _child_pids()
-        quiet = None if debug or "TQDM_DISABLE" in os.environ else "TQDM_DISABLE"
-        if quiet:  # the schedulers' weight-loading bars ("Multi-thread loading shards"): tqdm reads it at import,
-            os.environ[quiet] = "1"  # so only the processes started now see it, not this one's progress bar
         try:
             self.engine = sgl.Engine(**args)
         except BackendError:
@@ -184,9 +183,6 @@ class OwnEngine:
         except Exception as e:  # SGLang raises many kinds at start (RuntimeError, torch.OutOfMemoryError, OSError...)
             _kill_trees(_started_since(before))  # what the failed start left would hold the GPU
             raise start_error(e, args, scheduler_error(ring_dir)) from e
-        finally:
-            if quiet:
-                os.environ.pop(quiet, None)
         self._started = _started_since(before)  # the engine's processes (and what its start began): close() ends them
         self._ring_dir = ring_dir
         self._children = watched_children(self.engine)
