@@ -53,10 +53,10 @@ class PartStatistics:
     rows: int = 0
     tokens: int = 0
     masked_tokens: int = 0
+    length_bin: int = 1  # the length histogram: bins of length_bin tokens, rows per bin
+    length_counts: list[int] = field(default_factory=list)
     min_tokens: int = 0
     max_tokens: int = 0
-    length_bin: int = 1
-    length_counts: list[int] = field(default_factory=list)
     ids_digests: list[str] = field(default_factory=list)
     row_digests: list[str] = field(default_factory=list)
     flags: list[dict[str, Any]] = field(default_factory=list)  # {"row": index in the part, "id", "column", "what"}
@@ -73,10 +73,10 @@ class PartStatistics:
         def split(text: str) -> list[str]:
             return [text[i:i + 16] for i in range(0, len(text), 16)]
 
-        return cls({c: ColumnStats.from_dict(s) for c, s in d["columns"].items()}, int(d["rows"]), int(d["tokens"]),
-                   int(d["masked_tokens"]), int(d["min_tokens"]), int(d["max_tokens"]), int(d["length_bin"]),
-                   [int(x) for x in d["length_counts"]], split(d["ids_xxh3_64"]), split(d["rows_xxh3_64"]),
-                   list(d["flags"]))
+        counts = {k: int(d[k]) for k in ("rows", "tokens", "masked_tokens", "length_bin", "min_tokens", "max_tokens")}
+        return cls({c: ColumnStats.from_dict(s) for c, s in d["columns"].items()}, **counts,
+                   length_counts=[int(x) for x in d["length_counts"]], ids_digests=split(d["ids_xxh3_64"]),
+                   row_digests=split(d["rows_xxh3_64"]), flags=list(d["flags"]))
 
 
 @dataclass

@@ -82,8 +82,8 @@ class ColumnStats:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ColumnStats":
-        return cls(int(d["values"]), float(d["sum"]), float(d["sumsq"]), float(d["absmax"]), int(d["nan"]),
-                   int(d["inf"]), int(d["fp8_limit"]))
+        counts = {k: int(d[k]) for k in ("values", "nan", "inf", "fp8_limit")}
+        return cls(**counts, sum=float(d["sum"]), sumsq=float(d["sumsq"]), absmax=float(d["absmax"]))
 
 
 class _Buffers(threading.local):

@@ -49,21 +49,23 @@ DEFAULT_STALL_S = 30.0  # a trainer step (forward + backward of a drafter) takes
 _POLL_S = (0.001, 0.02)  # the wait for readers polls their records, backing off from 1 to 20 ms
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StreamStats:
     """What a publisher did (recorded in ``stream.json`` at the end; the benchmark reads it).
 
     Attributes:
         rows: rows generated while it ran. spooled: written into the spool. skipped: needed by no
             attached reader (or the spool was full). evicted: removed before their reader took them
-            (the reader stalled). peak_bytes: the most bytes the spool held at once. waited_s: the time
-            the build waited for readers (backpressure). write_s: the time spent writing rows into the spool.
+            (the reader stalled). budget_bytes: the spool's budget. peak_bytes: the most bytes the spool
+            held at once. waited_s: the time the build waited for readers (backpressure). write_s: the
+            time spent writing rows into the spool.
     """
 
     rows: int = 0
     spooled: int = 0
     skipped: int = 0
     evicted: int = 0
+    budget_bytes: int
     peak_bytes: int = 0
     waited_s: float = 0.0
     write_s: float = 0.0
@@ -93,7 +95,7 @@ class StreamPublisher:
                  root: str | Path | None = None, queue_rows: int = 2):
         self.budget_bytes, self.stall_s = int(budget_bytes), float(stall_s)
         self.root = Path(root) if root is not None else spool_root()
-        self.stats = StreamStats()
+        self.stats = StreamStats(budget_bytes=self.budget_bytes)
         self.spool: Path | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, queue_rows))
         self._thread: threading.Thread | None = None
