@@ -5,10 +5,8 @@ Each variant builds the same source in a fresh process into ``--dir`` (default /
 bf16 states (``benchmarks/storage.py``'s PrecomputedBackend: no model runs, as with an engine whose GPU
 does the work), ``--samples`` samples of 2,048 tokens, layers 1, 3, 4 + final (57,344 bytes a token):
 
-  base         the build as it is (statistics counted while it writes, shard writes on several threads)
+  base         the build as it is (statistics counted while it writes)
   nostats      the same without the build-time statistics (StatsCollector.add a no-op: for this measure only)
-  w1           one thread writing shards (HS_DATASET_WRITE_THREADS=1)
-  nostats-w1   both
   zstd         compression=zstd (shards coded at the commit)
   parquet      file_format=parquet
 
@@ -32,13 +30,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("base", "nostats", "w1", "nostats-w1", "zstd", "parquet")
+VARIANTS = ("base", "nostats", "zstd", "parquet")
 
 
 def one(variant: str, work: Path, samples: int) -> dict:
     sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-    if "w1" in variant:
-        os.environ["HS_DATASET_WRITE_THREADS"] = "1"
     from long_context import source
     from storage import PrecomputedBackend, Shape, make_model_dir, make_states
 

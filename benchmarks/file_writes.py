@@ -2,14 +2,15 @@
 """How fast one process can write Kimi-width rows into a file system, by method (issue 26's builder speed).
 
 The builder into /dev/shm moved 1.26-1.9 GB/s of states on the H200's host (16 cores), where 0.9x of the
-engine's prefill at Kimi width is ~6 GB/s. Its shard writes go through ``ParallelWriter``
-(``hs_dataset/write/parallel_files.py``): 8 MiB pieces of each write on several threads with ``pwrite``
-into one file. A buffered write holds the file's inode lock on tmpfs and ext4, so pieces of one file may
-not be written in parallel at all. This measures, for the same bytes (``--rows`` rows of ``--mb`` MB,
-random bits, written ``--reps`` times each, the file removed between runs):
+engine's prefill at Kimi width is ~6 GB/s. Its shard writes then went through 8 MiB pieces of each write
+on several threads with ``pwrite`` into one file; a buffered write holds the file's inode lock on tmpfs
+and ext4, so pieces of one file may not be written in parallel at all (on the device they were not:
+``hs_dataset/write/native_files.py`` writes one native file a thread since). This measures, for the
+same bytes (``--rows`` rows of ``--mb`` MB, random bits, written ``--reps`` times each, the file removed
+between runs):
 
   write        one thread, ``os.write`` of each row into one file (the baseline)
-  pwrite-K     K threads, ``os.pwrite`` of 8 MiB pieces into one file (what ParallelWriter does)
+  pwrite-K     K threads, ``os.pwrite`` of 8 MiB pieces into one file (what the builder did before)
   mmap-K       the file sized first, mapped, K threads copying rows into the mapping
   files-K      K files at once, a thread each writing its rows (shard files written side by side)
 

@@ -23,7 +23,7 @@ import datasets
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.builder import HiddenStatesBuilder
 from hs_dataset.write.drop_rows import drop_rows, recount
-from hs_dataset.write.parallel_files import parallel_url, write_threads
+from hs_dataset.write.native_files import coding_threads, native_url
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
@@ -46,10 +46,10 @@ def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesC
     """``download_and_prepare`` into ``staging``; an error is raised as itself, not wrapped by datasets."""
     err: BaseException | None = None
     try:
-        # through ParallelLocalFileSystem: each large write split across threads (hs_dataset.write.parallel_files)
+        # through NativeLocalFileSystem: Arrow writes the rows' buffers itself, no copy (hs_dataset.write.native_files)
         # always Arrow (zero-copy from the ring); a coded build's shards are coded at the commit (codec.coding)
         coded = config.file_format == "parquet" or config.compression != "none"
-        builder.download_and_prepare(parallel_url(staging), file_format="arrow",
+        builder.download_and_prepare(native_url(staging), file_format="arrow",
                                      max_shard_size=min(config.max_shard_bytes, CODED_SHARD_BYTES) if coded
                                      else config.max_shard_bytes,
                                      download_mode=datasets.DownloadMode.FORCE_REDOWNLOAD)
@@ -147,7 +147,7 @@ def _code_shards(shards: list[str], ext: str, state_columns: tuple[str, ...]) ->
         os.replace(tmp, src)
         return src
 
-    with cf.ThreadPoolExecutor(max_workers=max(1, min(len(shards), write_threads())),
+    with cf.ThreadPoolExecutor(max_workers=max(1, min(len(shards), coding_threads())),
                                thread_name_prefix="hs_dataset-code") as pool:
         return list(pool.map(code, shards))
 
