@@ -34,8 +34,13 @@ class ContextRate:
     tokens_per_second: float
 
 
-# Filled from the device runs of benchmarks/long_context.py (README "Long context"); 2,048 is plan.MEASURED_RATES.
-LONG_CONTEXT_RATES: tuple[ContextRate, ...] = ()
+# The device runs of benchmarks/long_context.py (README "Long context"), one sample each through SGLang 0.5.17
+# (Triton attention, chunked prefill 16,384) on the Kimi-width stand-in with Kimi-K2's YaRN; 2,048 tokens is
+# plan.MEASURED_RATES. 32k: 5,992 (2026-12-01) and 6,044 tok/s (2026-12-03); 131k: 1,137 tok/s (2026-12-03).
+LONG_CONTEXT_RATES: tuple[ContextRate, ...] = (
+    ContextRate("H200", 7168, 6, 32768, 5992.0),
+    ContextRate("H200", 7168, 6, 131072, 1137.0),
+)
 
 
 def prefill_seconds(plan: BuildPlan, rate_2k: float) -> tuple[float, list[str]]:
@@ -43,9 +48,7 @@ def prefill_seconds(plan: BuildPlan, rate_2k: float) -> tuple[float, list[str]]:
     (``rate_2k`` up to 2,048 tokens), scaled by depth as :func:`hs_dataset.write.plan.estimate_rate` does."""
     info = plan.info
     rates = sorted((r for r in LONG_CONTEXT_RATES if r.hidden_size == info.hidden_size), key=lambda r: r.context)
-    scale = rate_2k / max(rate_2k, 1.0)
-    table = [(2048, rate_2k)] + [(r.context, r.tokens_per_second * r.num_layers / info.num_layers * scale)
-                                 for r in rates]
+    table = [(2048, rate_2k)] + [(r.context, r.tokens_per_second * r.num_layers / info.num_layers) for r in rates]
     total, used = 0.0, set()
     for n in plan.lengths:
         ctx, rate = next(((c, r) for c, r in table if c >= n), table[-1])

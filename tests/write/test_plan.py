@@ -81,3 +81,19 @@ def test_no_warning_about_sequences_longer_than_the_model_maximum(tmp_path):
             "--set", "trust_remote_code=true", "--set", "max_length=8192", "--no-progress")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "1 to write" in r.stdout and r.stderr == "", r.stderr
+
+
+def test_long_samples_are_priced_at_the_rate_measured_for_their_length():
+    """A 100k-token sample costs what the device measured at 131k, not 2k's rate; depth scales every rate."""
+    from types import SimpleNamespace
+
+    from hs_dataset.write.plan_costs import LONG_CONTEXT_RATES, prefill_seconds
+
+    kimi = SimpleNamespace(hidden_size=7168, num_layers=61)  # Kimi-K2.5: the stand-in's width, 61 layers
+    rate_2k = 119_521 * 6 / 61
+    at = {r.context: r.tokens_per_second * 6 / 61 for r in LONG_CONTEXT_RATES}
+    seconds, used = prefill_seconds(SimpleNamespace(info=kimi, lengths=[2000, 30_000, 100_000]), rate_2k)
+    assert seconds == pytest.approx(2000 / rate_2k + 30_000 / at[32768] + 100_000 / at[131072])
+    assert len(used) == 3 and used[-1].endswith("up to 131,072 tokens")
+    other = SimpleNamespace(hidden_size=4096, num_layers=32)  # no long-context rate measured at this width
+    assert prefill_seconds(SimpleNamespace(info=other, lengths=[100_000]), 40_000.0)[0] == pytest.approx(2.5)
