@@ -45,6 +45,7 @@ import datasets
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.finalize import finalize
 from hs_dataset.write.output import check_output, lock_output, output_error
+from hs_dataset.write.native_files import abandon
 from hs_dataset.write.parts import GeneratedPart, commit_part, generate_part
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import resolve_build, start_tokenize_workers
@@ -216,6 +217,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             if workers is not None:
                 workers.close()
             committer.shutdown(wait=True)  # a part being committed finishes (or is discarded) before we return
+            abandon(state / "staging")  # a part generated but not committed (the commit before it failed)
             shutil.rmtree(state / "staging", ignore_errors=True)
             bar.close()
             if own_backend and backend is not None:

@@ -1,35 +1,48 @@
-"""Shard files that Arrow writes itself, one thread a file: the rows' buffers go to the file with ``write(2)``.
+"""Shard files written in the background, a thread each: the build hands a row to its file and goes on.
 
-``datasets``' writer hands its output file to ``pyarrow.RecordBatchStreamWriter``. Through
-:class:`NativeLocalFileSystem` (the local file system under the protocol ``hsds-native://``,
-:func:`native_url` gives a folder's URL) that file is a ``pyarrow.OSFile``: pyarrow writes each buffer
-of a row (for a capture, the ring's memory) straight into the file, with no Python call in between.
-``datasets`` treats a file system other than fsspec's own local one as remote and writes straight into
-the folder (no ``.incomplete`` rename), which the build's staging folder does not need.
+``datasets``' writer hands its output file to ``pyarrow.RecordBatchStreamWriter``, which calls the file's
+``write`` with every buffer of a row; a row's states are passed as they are (a ``pyarrow.Buffer`` over the
+capture's own memory, the ring for SGLang: no copy). Through :class:`NativeLocalFileSystem` (the local file
+system under the protocol ``hsds-native://``; :func:`native_url` gives a folder's URL) a file opened for
+writing is a :class:`BackgroundFile`: ``write`` queues the buffer and returns, and the file's own thread
+writes the queue in order with ``os.write`` (which releases the GIL). So the build's thread does not wait
+for the disk while it has the next rows to prepare, and the shard of a part that is finished is still
+being written while the next part's shard starts: several files are written at once.
 
-Before, this module split every large write into 8 MiB pieces written by up to 8 threads with
-``pwrite``. A buffered write holds the file's inode lock on tmpfs and ext4, so the pieces of one file
-do not land in parallel: on the H200's host, into /dev/shm, 8 threads moved 2.68 GB/s at 2.12 CPU-s/GB
-against 3.21 GB/s at 0.31 CPU-s/GB for one thread's ``write`` (``benchmarks/file_writes.py``,
-``benchmarks/results/2026-12-03-h200-file-writes.json``; 4 and 8 files written side by side, a thread
-each: 12.7 and 19.6 GB/s). On the 2-vCPU VM, the same Arrow stream of eight Kimi-width rows into
-/dev/shm, three rounds in turn: through the pieces 0.56 / 2.29 / 1.11 GB/s, through ``pyarrow.OSFile``
-2.59 / 2.67 / 2.86 GB/s.
+Why files and not threads within a file: a buffered write holds the file's inode lock on tmpfs and ext4.
+On the H200's host, into /dev/shm, 8 threads writing 8 MiB pieces of one file (what this module did
+before) moved 2.68 GB/s at 2.12 CPU-s/GB, one thread 3.21 GB/s at 0.31 CPU-s/GB, and 2, 4 or 8 files
+written side by side 5.18, 12.67 or 19.60 GB/s (``benchmarks/file_writes.py``,
+``benchmarks/results/2026-12-03-h200-file-writes.json``).
+
+What bounds it: a queued buffer keeps the row it belongs to alive (for a capture, its ring region, which
+the engine then waits for), and all files of the process together queue at most :data:`QUEUE_BYTES`
+(``write`` waits beyond that). A file is whole once :func:`drain` returns for its folder: the commit
+drains a part's staging folder before it hashes and moves its shards (:mod:`hs_dataset.write.parts`); a
+write that failed (a full disk) is raised there, or by the file's next ``write``, as an ``OSError`` naming
+the file. :func:`abandon` drops what a discarded part still had queued.
+
+``datasets`` treats a file system other than fsspec's own local one as remote and writes straight into the
+folder (no ``.incomplete`` rename), which the build's staging folder does not need.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
+import threading
+from collections import deque
 from typing import Any
 
-import pyarrow as pa
 from fsspec import AbstractFileSystem, register_implementation
 from fsspec.implementations.local import LocalFileSystem
 
-__all__ = ["PROTOCOL", "NativeLocalFileSystem", "coding_threads", "native_url"]
+__all__ = ["PROTOCOL", "QUEUE_BYTES", "BackgroundFile", "NativeLocalFileSystem", "abandon", "coding_threads", "drain",
+           "native_url"]
 
 PROTOCOL = "hsds-native"
+QUEUE_BYTES = 2 << 30  # queued across all files: about 18 Kimi-width rows of 2,048 tokens (a part of 8, the next one)
 
 
 def coding_threads() -> int:
@@ -37,8 +50,127 @@ def coding_threads() -> int:
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
+class _Budget:
+    """Bytes queued and not yet written, across the process's files; ``take`` waits while over the limit."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._queued = 0
+
+    def take(self, n: int) -> None:
+        with self._cv:
+            while self._queued and self._queued + n > QUEUE_BYTES:  # one buffer alone always passes
+                self._cv.wait()
+            self._queued += n
+
+    def give(self, n: int) -> None:
+        with self._cv:
+            self._queued -= n
+            self._cv.notify_all()
+
+
+_BUDGET = _Budget()
+_files_lock = threading.Lock()
+_files: list[BackgroundFile] = []  # open or still writing, until drain or abandon takes them
+
+
+class BackgroundFile(io.RawIOBase):
+    """A file opened for writing whose writes a thread of its own carries out, in order (module docstring)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.name = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._offset = 0
+        self._queue: deque[memoryview] = deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self._dropped = False
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="hs_dataset-write", daemon=True)
+        self._thread.start()
+        with _files_lock:
+            _files.append(self)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if self._error is not None:
+            raise self._error
+        view = memoryview(data).cast("B")  # holds the buffer (and what it is a view of) until it is written
+        n = len(view)
+        if n:
+            _BUDGET.take(n)
+            with self._cv:
+                self._queue.append(view)
+                self._cv.notify()
+            self._offset += n
+        return n
+
+    def tell(self) -> int:
+        return self._offset
+
+    def close(self) -> None:
+        """Returns at once: the thread writes what is queued, then closes the file (see :func:`drain`)."""
+        if not self.closed:
+            with self._cv:
+                self._closing = True
+                self._cv.notify()
+        super().close()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._queue and not self._closing:
+                        self._cv.wait()
+                    if not self._queue:
+                        return
+                    view = self._queue.popleft()
+                n = len(view)
+                try:
+                    while view and self._error is None and not self._dropped:
+                        view = view[os.write(self._fd, view):]
+                except OSError as e:
+                    self._error = OSError(e.errno, e.strerror, self.name)
+                finally:
+                    del view  # the row it belonged to may go (a ring region is then reclaimed)
+                    _BUDGET.give(n)
+        finally:
+            os.close(self._fd)
+
+    def _finish(self, drop: bool) -> OSError | None:
+        if drop:
+            self._dropped = True
+        self.close()
+        self._thread.join()
+        return self._error
+
+
+def _take(folder: str | os.PathLike) -> list[BackgroundFile]:
+    prefix = os.path.join(os.path.abspath(folder), "")
+    with _files_lock:
+        mine = [f for f in _files if f.name.startswith(prefix)]
+        _files[:] = [f for f in _files if not f.name.startswith(prefix)]
+    return mine
+
+
+def drain(folder: str | os.PathLike) -> None:
+    """Wait until every file opened under ``folder`` is written and closed; raise the first write's error."""
+    errors = [e for e in (f._finish(drop=False) for f in _take(folder)) if e is not None]
+    if errors:
+        raise errors[0]
+
+
+def abandon(folder: str | os.PathLike) -> None:
+    """Drop what the files under ``folder`` still have queued and close them (a part being discarded)."""
+    for f in _take(folder):
+        f._finish(drop=True)
+
+
 class NativeLocalFileSystem(AbstractFileSystem):
-    """The local file system as ``hsds-native://`` paths, files opened for writing as ``pyarrow.OSFile``."""
+    """The local file system as ``hsds-native://`` paths, files opened for writing as :class:`BackgroundFile`."""
 
     protocol = PROTOCOL
     root_marker = "/"
@@ -60,7 +192,7 @@ class NativeLocalFileSystem(AbstractFileSystem):
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         path = self._strip_protocol(path)
         if "w" in mode:
-            return pa.OSFile(path, "wb")
+            return BackgroundFile(path)
         return self._local._open(path, mode, **kwargs)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
@@ -94,5 +226,5 @@ register_implementation(PROTOCOL, NativeLocalFileSystem, clobber=True)
 
 
 def native_url(path: str | os.PathLike) -> str:
-    """``hsds-native://<absolute path>``: a folder ``datasets`` then writes into through ``pyarrow.OSFile``."""
+    """``hsds-native://<absolute path>``: a folder ``datasets`` then writes into through :class:`BackgroundFile`."""
     return f"{PROTOCOL}://{os.path.abspath(path)}"

@@ -23,7 +23,7 @@ import datasets
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.builder import HiddenStatesBuilder
 from hs_dataset.write.drop_rows import drop_rows, recount
-from hs_dataset.write.native_files import coding_threads, native_url
+from hs_dataset.write.native_files import abandon, coding_threads, drain, native_url
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
@@ -46,7 +46,7 @@ def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesC
     """``download_and_prepare`` into ``staging``; an error is raised as itself, not wrapped by datasets."""
     err: BaseException | None = None
     try:
-        # through NativeLocalFileSystem: Arrow writes the rows' buffers itself, no copy (hs_dataset.write.native_files)
+        # through NativeLocalFileSystem: each shard written by a thread of its own (hs_dataset.write.native_files)
         # always Arrow (zero-copy from the ring); a coded build's shards are coded at the commit (codec.coding)
         coded = config.file_format == "parquet" or config.compression != "none"
         builder.download_and_prepare(native_url(staging), file_format="arrow",
@@ -90,6 +90,7 @@ def _clear_staging(state: Path, i: int) -> None:
 
 def _discard_part(out: Path, state: Path, i: int, ext: str) -> None:
     """Remove what an unrecorded part left: no shard of an unrecorded part stays visible."""
+    abandon(_staging(state, i))  # what its shards still had queued is not written
     if not part_record(state, i).exists():
         try:
             for f in part_files(out, i, ext):
@@ -160,6 +161,7 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
     """
     record_path = part_record(state, g.i)
     try:
+        drain(g.staging)  # its shards whole on the page cache (their writes ran behind the capture); a failed one raises
         shards = sorted(glob.glob(str(g.staging / "*-train*.arrow")))
         if g.dropped:  # rejected after some of their rows were written: no partial sample is committed
             for src in shards:

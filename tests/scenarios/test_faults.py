@@ -358,6 +358,33 @@ def test_file_size_limit_stops_cleanly_and_resumes(tiny_model, tmp_path):
     assert content_hash(out) == content_hash(ref)
 
 
+def test_a_failed_background_write_leaves_nothing_queued_for_the_rerun(tiny_model, tmp_path):
+    """In this process, as a script or a notebook runs it: shard writes run behind the capture
+    (hs_dataset.write.native_files), so a full disk can surface at a part's commit while the next part is
+    already generated. The failed build lets go of every file it had open; the rerun in the same process,
+    with room again, resumes to the uninterrupted build's bytes."""
+    from hs_dataset.write import native_files
+
+    ref = tmp_path / "ref"
+    build(_cli_config(tiny_model), ref, progress=False)
+    sizes = [r["files"][0]["bytes"] for r in records(ref).values()]
+    limit = max(sizes[:2]) + 1
+    out = tmp_path / "out"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        with pytest.raises(OutputWriteError, match="File too large"):
+            build(_cli_config(tiny_model), out, progress=False)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+    assert not native_files._files  # nothing of the failed build is still queued or open
+    done = assert_clean_stop(out)
+    s = build(_cli_config(tiny_model), out, progress=False)
+    assert s.parts_skipped == done and content_hash(out) == content_hash(ref)
+
+
 @contextlib.contextmanager
 def _mounted(target: Path, *args: str):
     target.mkdir(parents=True, exist_ok=True)

@@ -1,27 +1,31 @@
-"""Shard files written by Arrow itself (issue 26): the bytes ``datasets`` writes through a plain path, and
-the build's staging files opened as native ``pyarrow`` files."""
+"""Shard files written in the background (issue 26): the bytes ``datasets`` writes through a plain path, several
+files at once, a failed write raised naming its file, and the queue bounded."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
+import threading
+import time
 
 import fsspec
 import numpy as np
-import pyarrow as pa
+import pytest
 from datasets.arrow_writer import ArrowWriter
 
 from hs_dataset.codec.encode import make_features, row_table
-from hs_dataset.write.native_files import native_url
+from hs_dataset.write import native_files
+from hs_dataset.write.native_files import BackgroundFile, drain, native_url
 
 
-def test_datasets_writes_the_same_shard_through_a_native_file(tmp_path):
+def test_datasets_writes_the_same_shard_through_a_background_file(tmp_path):
     feats = make_features((0, 1), 256)
     digests = []
     for where in (str(tmp_path / "plain.arrow"), native_url(tmp_path / "native.arrow")):
         rng = np.random.default_rng(1)
         w = ArrowWriter(features=feats, path=where, writer_batch_size=1)
-        if where.startswith("hsds-native://"):
-            assert isinstance(w.stream, pa.NativeFile)  # Arrow writes the buffers itself, no Python file between
+        assert isinstance(w.stream, BackgroundFile) == where.startswith("hsds-native://")
         for i in range(5):
             T = 700 + i
             row = {"id": f"s{i}", "input_ids": np.arange(T, dtype=np.int32), "loss_mask": np.ones(T, np.uint8),
@@ -30,8 +34,71 @@ def test_datasets_writes_the_same_shard_through_a_native_file(tmp_path):
             w.write_row(row_table(row, feats.arrow_schema))
         w.finalize()
         w.close()
+        drain(tmp_path)
         digests.append(hashlib.sha256((tmp_path / where.rsplit("/", 1)[-1]).read_bytes()).hexdigest())
     assert digests[0] == digests[1]
+
+
+def test_files_written_at_once_each_land_whole_and_in_order(tmp_path):
+    rng = np.random.default_rng(2)
+    chunks = {k: [rng.integers(0, 255, size=int(rng.integers(1, 300_000)), dtype=np.uint8) for _ in range(40)]
+              for k in range(3)}
+    files = {k: BackgroundFile(str(tmp_path / f"f{k}")) for k in chunks}
+    for j in range(40):  # interleaved, as parts in flight write their shards
+        for k, f in files.items():
+            assert f.write(chunks[k][j]) == chunks[k][j].size
+    assert all(f.tell() == sum(c.size for c in chunks[k]) for k, f in files.items())
+    for f in files.values():
+        f.close()
+    drain(tmp_path)
+    for k in chunks:
+        assert (tmp_path / f"f{k}").read_bytes() == b"".join(c.tobytes() for c in chunks[k])
+    assert not native_files._files  # drained files are let go
+
+
+def test_a_failed_write_is_raised_naming_the_file():
+    f = BackgroundFile("/dev/full")  # every write fails with ENOSPC, like a full disk
+    f.write(b"x" * 4096)
+    f.close()
+    with pytest.raises(OSError) as e:
+        drain("/dev")
+    assert e.value.errno == errno.ENOSPC and e.value.filename == "/dev/full"
+    g = BackgroundFile("/dev/full")
+    g.write(b"x")
+    deadline = time.monotonic() + 10
+    while g._error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(OSError, match="No space left"):  # the next write raises it at once
+        g.write(b"y")
+    with pytest.raises(OSError):
+        drain("/dev")
+
+
+def test_writes_wait_while_the_queue_is_full(tmp_path, monkeypatch):
+    monkeypatch.setattr(native_files, "QUEUE_BYTES", 1 << 20)
+    fifo = tmp_path / "slow"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a disk that takes nothing until it is read
+    f = BackgroundFile(str(fifo))
+    written: list[int] = []
+
+    def producer() -> None:
+        for _ in range(8):
+            written.append(f.write(bytes(512 << 10)))
+
+    t = threading.Thread(target=producer)
+    t.start()
+    time.sleep(1.0)
+    assert t.is_alive() and len(written) <= 4  # 4 MiB offered, at most 1 MiB queued beside what the pipe holds
+    got = 0
+    os.set_blocking(reader, True)
+    while got < 8 * (512 << 10):
+        got += len(os.read(reader, 1 << 20))
+    t.join(10)
+    assert not t.is_alive() and len(written) == 8
+    f.close()
+    drain(tmp_path)
+    os.close(reader)
 
 
 def test_the_file_system_lists_moves_and_removes_like_the_local_one(tmp_path):
@@ -39,6 +106,7 @@ def test_the_file_system_lists_moves_and_removes_like_the_local_one(tmp_path):
     fs.makedirs(path, exist_ok=True)
     with fs.open(f"{path}/a", "wb") as f:
         f.write(b"abc")
+    drain(tmp_path)
     assert [e["name"].rsplit("/", 1)[-1] for e in fs.ls(path)] == ["a"] and fs.info(f"{path}/a")["size"] == 3
     fs.mv(f"{path}/a", f"{path}/b")
     with fs.open(f"{path}/b", "rb") as f:
