@@ -8,7 +8,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ['atomic_write', 'fsync_dir', 'fsync_file']
+__all__ = ['atomic_write', 'fsync_dir', 'fsync_file', 'write_all']
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """``os.write`` until all of ``data`` is written (a pipe or a large write may take part of it)."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 import tqdm
 
+from hs_dataset.atomic import write_all
 from hs_dataset.processes import set_parent_death_signal
 from hs_dataset.capture.registry import backend_class
 from hs_dataset.model_info import ModelInfo
@@ -25,13 +26,6 @@ __all__ = ["HEADER", "child_main"]
 HEADER = struct.Struct("<QQ")  # pickled message length, raw payload length
 
 # Blocking I/O, a reader thread, the backend in the main thread.
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 def _read_exact_blocking(fd: int, n: int) -> bytes | None:
@@ -49,9 +43,9 @@ def _read_exact_blocking(fd: int, n: int) -> bytes | None:
 def _child_send(fd: int, msg: tuple, payload: memoryview | None = None) -> None:
     meta = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     size = 0 if payload is None else payload.nbytes
-    _write_all(fd, HEADER.pack(len(meta), size) + meta)
+    write_all(fd, HEADER.pack(len(meta), size) + meta)
     if payload is not None and size:
-        _write_all(fd, payload)
+        write_all(fd, payload)
 
 
 def _child_reader(fd: int, inbox: queue.Queue) -> None:

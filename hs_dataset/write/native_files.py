@@ -38,6 +38,8 @@ from typing import Any
 from fsspec import AbstractFileSystem, register_implementation
 from fsspec.implementations.local import LocalFileSystem
 
+from hs_dataset.atomic import write_all
+
 __all__ = ["PROTOCOL", "QUEUE_BYTES", "BackgroundFile", "NativeLocalFileSystem", "abandon", "coding_threads", "drain",
            "native_url"]
 
@@ -130,8 +132,8 @@ class BackgroundFile(io.RawIOBase):
                     view = self._queue.popleft()
                 n = len(view)
                 try:
-                    while view and self._error is None and not self._dropped:
-                        view = view[os.write(self._fd, view):]
+                    if self._error is None and not self._dropped:
+                        write_all(self._fd, view)
                 except OSError as e:
                     self._error = OSError(e.errno, e.strerror, self.name)
                 finally:

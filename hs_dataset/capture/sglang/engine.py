@@ -56,22 +56,22 @@ def on_sigquit(signum: int, frame: Any) -> None:
     CHILD_DIED.set()
 
 
-def _child_pids() -> set[int]:
-    """This process's direct children now (empty without psutil)."""
-    try:
-        import psutil  # optional: SGLang depends on it
-    except ImportError:
-        return set()
-    return {p.pid for p in psutil.Process().children()}
-
-
-def _started_since(before: set[int]) -> list:
-    """This process's direct children that were not there in ``before``: what an engine start began."""
+def _children() -> list:
+    """This process's direct children now, as psutil processes (empty without psutil)."""
     try:
         import psutil  # optional: SGLang depends on it
     except ImportError:
         return []
-    return [p for p in psutil.Process().children() if p.pid not in before]
+    return psutil.Process().children()
+
+
+def _child_pids() -> set[int]:
+    return {p.pid for p in _children()}
+
+
+def _started_since(before: set[int]) -> list:
+    """This process's direct children that were not there in ``before``: what an engine start began."""
+    return [p for p in _children() if p.pid not in before]
 
 
 def _under(proc: Any, pids: set[int]) -> bool:
