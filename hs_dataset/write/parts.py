@@ -3,7 +3,7 @@
 :func:`generate_part` runs the builder's ``download_and_prepare`` for the part's rows into
 ``.hs_build/staging/part-PPPPP`` (the main thread's work); :func:`commit_part` fsyncs its shards,
 moves them into ``data/`` and then writes the part's record, the commit point (on a committer
-thread, while the next part is captured). A part that fails or is killed before its record leaves
+thread, while the next parts are captured). A part that fails or is killed before its record leaves
 no shard visible.
 """
 
@@ -23,7 +23,7 @@ import datasets
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.builder import HiddenStatesBuilder
 from hs_dataset.write.drop_rows import drop_rows, recount
-from hs_dataset.write.native_files import abandon, coding_threads, drain, native_url
+from hs_dataset.write.native_files import abandon, coding_threads, drain, native_url, written_digest
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
@@ -156,12 +156,14 @@ def _code_shards(shards: list[str], ext: str, state_columns: tuple[str, ...]) ->
 def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
     """fsync the part's shards, move them into data/, then write its record (the commit point).
 
-    Runs on a committer thread while the next part is captured: the fsync (seconds per GB) then
-    costs no capture time. Only a recorded part counts; a kill before the record redoes the part.
+    Runs on a committer thread while the next parts are captured (several parts may be committing at
+    once, each its own): the writes still queued and the fsync (seconds per GB) then cost no capture
+    time. Only a recorded part counts; a kill before the record redoes the part.
     """
     record_path = part_record(state, g.i)
     try:
-        drain(g.staging)  # its shards whole on the page cache (their writes ran behind the capture); a failed one raises
+        # its shards whole (their writes ran behind the capture), hashed by their writers; a failed one raises
+        digests = drain(g.staging)
         shards = sorted(glob.glob(str(g.staging / "*-train*.arrow")))
         if g.dropped:  # rejected after some of their rows were written: no partial sample is committed
             for src in shards:
@@ -171,8 +173,8 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
         if ext == "parquet" or g.compression != "none":  # lossless coding, shards in parallel (codec.coding)
             shards = _code_shards(shards, ext, g.state_columns)
         files = []
-        for k, src in enumerate(shards):  # size, rows and content hash, read back while in the page cache
-            files.append(dict(shard_entry(src), name=shard_name(g.i, k, ext)))
+        for k, src in enumerate(shards):  # size, rows and content hash (read back only if rewritten since written)
+            files.append(dict(shard_entry(src, written_digest(digests, src)), name=shard_name(g.i, k, ext)))
             fsync_file(Path(src))  # on disk before the record can point at it
         if sum(f["rows"] for f in files) != Counts.rows_of(dataclasses.asdict(g.counts)):
             raise RuntimeError(f"part {g.i}: its shards hold {sum(f['rows'] for f in files)} rows, "

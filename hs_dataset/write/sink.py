@@ -13,7 +13,7 @@ The calls, in this order for each part (parts in ascending order):
   shard writer gets, whose buffers may be the capture's memory: a sink copies what it keeps before
   it returns, and may block (backpressure slows the build down);
 * ``generated(part, rows)`` when the part's shards are closed (``rows`` written rows, final);
-* ``committed(part)`` after the part's record is written (the commit point), from the committer thread;
+* ``committed(part)`` after the part's record is written (the commit point), from the build's thread;
 * ``end(finished)`` once: ``True`` after the final step wrote ``hs_dataset.json``, ``False`` when the
   build stopped before (an error, Ctrl-C; a killed build calls nothing, and its uncommitted parts are
   generated again by the next run).

@@ -147,6 +147,68 @@ def test_rejects_are_counted_and_named(tiny_model, tmp_path):
     assert meta["counts"]["rejected"] == 5 and meta["counts"]["written"] == 5
 
 
+def test_parts_commit_side_by_side_in_any_order_and_the_sink_hears_them_in_order(tiny_model, tmp_path,
+                                                                                     monkeypatch):
+    """Several parts commit at once (their shard writes overlap the next parts'); a later part may be recorded
+    first; the recorded hashes, computed by the shards' writers, are the files' own; the rows are the same."""
+    import threading
+    import time
+
+    from hs_dataset.integrity.checksums import file_digest
+    from hs_dataset.integrity.verify import verify_build
+    from hs_dataset.write import parts
+
+    active, most, order, lock = [0], [0], [], threading.Lock()
+    fsync = parts.fsync_file
+
+    def slow_fsync(path):  # the first part's commit is the slowest: later ones are recorded before it
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.6 if "part-00000" in str(path) else 0.2)
+        fsync(path)
+        with lock:
+            active[0] -= 1
+
+    record = parts.atomic_write
+
+    def noting_record(path, text):
+        record(path, text)
+        if path.parent.name == "parts":
+            order.append(path.name)
+
+    class Sink:
+        def __init__(self):
+            self.parts = []
+
+        def start(self, out, parts_, done): ...
+
+        def row(self, part, index, sample_id, table): ...
+
+        def generated(self, part, rows): ...
+
+        def committed(self, part):
+            self.parts.append(part)
+
+        def end(self, finished): ...
+
+    monkeypatch.setattr(parts, "fsync_file", slow_fsync)
+    monkeypatch.setattr(parts, "atomic_write", noting_record)
+    sink = Sink()
+    out = tmp_path / "out"
+    s = build(config(tiny_model, part_size=4), out, progress=False, sink=sink)
+    assert s.parts_built == 5 and most[0] >= 2, most
+    assert order != sorted(order), order  # a later part recorded before the first
+    assert sink.parts == [0, 1, 2, 3, 4]
+    meta = json.loads((out / "hs_dataset.json").read_text())
+    assert all(f["xxh3_128"] == file_digest(out / "data" / f["name"]) for f in meta["shards"])
+    assert verify_build(out).ok
+    monkeypatch.undo()
+    ref = tmp_path / "ref"
+    build(config(tiny_model, part_size=4), ref, progress=False)
+    assert content_hash(out) == content_hash(ref)
+
+
 def test_resume_skips_done_parts_and_refuses_a_changed_config(tiny_model, tmp_path):
     out = tmp_path / "out"
     first = build(config(tiny_model), out, progress=False)

@@ -16,7 +16,8 @@ from datasets.arrow_writer import ArrowWriter
 
 from hs_dataset.codec.encode import make_features, row_table
 from hs_dataset.write import native_files
-from hs_dataset.write.native_files import BackgroundFile, drain, native_url
+from hs_dataset.integrity.checksums import file_digest
+from hs_dataset.write.native_files import BackgroundFile, drain, native_url, written_digest
 
 
 def test_datasets_writes_the_same_shard_through_a_background_file(tmp_path):
@@ -50,10 +51,15 @@ def test_files_written_at_once_each_land_whole_and_in_order(tmp_path):
     assert all(f.tell() == sum(c.size for c in chunks[k]) for k, f in files.items())
     for f in files.values():
         f.close()
-    drain(tmp_path)
+    os.replace(tmp_path / "f0", tmp_path / "renamed")  # datasets numbers its shards after writing them
+    digests = drain(tmp_path)
     for k in chunks:
-        assert (tmp_path / f"f{k}").read_bytes() == b"".join(c.tobytes() for c in chunks[k])
+        path = tmp_path / ("renamed" if k == 0 else f"f{k}")
+        assert path.read_bytes() == b"".join(c.tobytes() for c in chunks[k])
+        assert written_digest(digests, path) == file_digest(path)  # hashed by its writer, as written
     assert not native_files._files  # drained files are let go
+    (tmp_path / "f1").write_bytes(b"rewritten")  # the same file, other bytes: no digest, it is hashed from disk
+    assert written_digest(digests, tmp_path / "f1") is None
 
 
 def test_a_failed_write_is_raised_naming_the_file():
