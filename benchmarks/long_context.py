@@ -4,15 +4,19 @@
 The stand-in is ``.gpu/make_kimi_width.py DIR --long-context``: DeepSeek-V3 at Kimi-K2.5's width
 (hidden 7168, 6 layers, 3.4B) with Kimi-K2's YaRN positions (131,072). Layers 1, 3, 4 + final:
 57,344 bytes of states per token. For each size (one 32,768-token sample, one 131,072-token sample,
-64 samples of 8,192 tokens) one engine (chunked prefill) measures, in this order:
+64 samples of 8,192 tokens) one server (``python -m sglang.launch_server`` with the plugin, chunked
+prefill, started once) measures, in this order:
 
-  plain    the engine's prefill of the same token ids, max_new_tokens=1, with request ids that are
-           not ours (the plugin passes them through: measured >= 0.97x of an engine without it)
-  capture  with --capture: capture + transport alone, the states through the ring (windowed for the
-           131k sample) and dropped, nothing written (the build below does the same and writes)
-  build    hs_dataset's build() (the same code as ``hs-dataset build``, given the started backend) of
-           a source whose rows tokenize to exactly that many tokens, onto the disk; its peak RSS
-           above the process's RSS before it, and the ring it used
+  plain    the server's prefill of the same token ids, max_new_tokens=1, with request ids that are
+           not ours (the plugin passes them through: measured >= 0.97x of an engine without it), sent
+           by this process attached to the server (``SGLangBackend(sglang_url=...)``)
+  capture  with --capture: capture + transport alone, the states through this process's ring
+           (windowed for the 131k sample) and dropped, nothing written
+  build    ``hs-dataset build`` (the CLI, a process of its own, attached to the same server: attach
+           mode, README) of a source whose rows tokenize to exactly that many tokens, onto the disk;
+           build tok/s from its summary line (the build's own seconds) and from its process's wall
+           time; the builder's peak RSS (``VmHWM`` of the CLI process) and the peak of its process
+           tree's RSS (its tokenize workers included), and the ring it used
 
 and right after the 32k build its states at the first, middle and last 1,024 positions against the
 transformers reference on the same GPU (a chunked forward over a KV cache); after the 131k build
@@ -29,12 +33,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
+import signal
+import socket
 import subprocess
 import sys
-import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -46,28 +53,77 @@ ROOT = Path(__file__).resolve().parent.parent
 HIDDEN = 7168
 
 
-def rss() -> int:
-    with open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith("VmRSS")).split()[1]) * 1024
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(next(line for line in f if line.startswith(field)).split()[1])
+    except (OSError, StopIteration):
+        return 0
 
 
-class PeakRSS:
-    """The process's peak RSS while the block runs, sampled every 20 ms."""
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
 
-    def __enter__(self) -> "PeakRSS":
-        self.before = self.peak = rss()
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, rss())
+def run_cli(cmd: list[str], log: Path) -> dict:
+    """Run the CLI; its wall time, exit code, peak RSS (``VmHWM``, read until it exits) and the peak of its
+    process tree's summed RSS (sampled every 20 ms)."""
+    t = time.time()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        hwm = tree = 0
+        while proc.poll() is None:
+            hwm = max(hwm, _status_kb(proc.pid, "VmHWM"))
+            tree = max(tree, sum(_status_kb(p, "VmRSS") for p in _tree(proc.pid)))
+            time.sleep(0.02)
+    return {"rc": proc.returncode, "wall_s": round(time.time() - t, 1), "peak_rss_GB": round(hwm * 1024 / 1e9, 2),
+            "peak_tree_rss_GB": round(tree * 1024 / 1e9, 2), "output_tail": log.read_text()[-600:]}
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._t.join()
+
+def launch_server(model: Path, ring_dir: Path, chunk: int, log: Path) -> tuple[subprocess.Popen, str]:
+    """``python -m sglang.launch_server`` with the plugin capturing LAYERS into ``ring_dir`` (README: attach mode)."""
+    from hs_dataset.capture.transport import ENV
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = dict(ENGINE_ARGS, chunked_prefill_size=chunk)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port),
+           "--disable-radix-cache", "--skip-tokenizer-init", "--log-level", "warning"]
+    for k, v in args.items():
+        cmd += [f"--{k.replace('_', '-')}"] if v is True else [f"--{k.replace('_', '-')}", str(v)]
+    env = dict(os.environ, **{ENV: json.dumps({"layers": list(LAYERS), "dir": str(ring_dir)})})
+    server = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 600
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5):
+                return server, url
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"sglang.launch_server did not come up (exit {server.poll()}): "
+                                   f"{log.read_text()[-2000:]}")
+            time.sleep(1)
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
 
 
 def read_bytes() -> int:
@@ -113,12 +169,8 @@ def main() -> None:
     os.environ["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
     import torch
 
-    from hs_dataset.capture.sglang.backend import SGLangBackend
     from hs_dataset.config import HiddenStatesConfig
     from hs_dataset.demo.tiny import make_tiny_tokenizer
-    from hs_dataset.prepare.samples import tokenized_samples
-    from hs_dataset.write.driver import build
-    from hs_dataset.write.resolve import resolve_build
 
     res: dict = {"gpu": torch.cuda.get_device_name(), "layers": list(LAYERS), "bytes_per_token": 4 * HIDDEN * 2,
                  "chunked_prefill_size": a.chunk}
@@ -145,8 +197,30 @@ def main() -> None:
         src = source(work / f"src-{tokens}.jsonl", n, tokens, seed=tokens)
         configs[tokens] = HiddenStatesConfig(model=str(model), layers=LAYERS, source=str(src), max_length=tokens,
                                              part_size=16, backend="sglang")
+    ring_dir = Path("/dev/shm/hs-long-rings")
+    shutil.rmtree(ring_dir, ignore_errors=True)
+    ring_dir.mkdir()
     t = time.time()
-    be = SGLangBackend(str(model), LAYERS, max_inflight=32, chunked_prefill_size=a.chunk, engine_args=ENGINE_ARGS)
+    server, url = launch_server(model, ring_dir, a.chunk, work / "server.log")
+    try:
+        _run(a, res, dump, t_start, t, model, work, sizes, configs, url, ring_dir)
+    finally:
+        stop_server(server)
+        shutil.rmtree(ring_dir, ignore_errors=True)
+    res["peak_rss_process_GB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)
+    res["wall_s"] = round(time.time() - t_start, 1)
+    dump()
+
+
+def _run(a, res, dump, t_start, t, model, work, sizes, configs, url, ring_dir) -> None:
+    """The sizes, on the started server (see the module docstring)."""
+    import torch
+
+    from hs_dataset.capture.sglang.backend import SGLangBackend
+    from hs_dataset.prepare.samples import tokenized_samples
+    from hs_dataset.write.resolve import resolve_build
+
+    be = SGLangBackend(str(model), LAYERS, max_inflight=32, sglang_url=url, ring_dir=str(ring_dir))
     res["engine_start_s"] = round(time.time() - t, 1)
     res["ring_GiB"] = round(be.ring.capacity / 2**30, 2)
     res["window_rows"] = be.window_rows(configs[sizes[0][0]].row_tokens)
@@ -254,18 +328,33 @@ def main() -> None:
             out["runs"]["capture"] = [round(x) for x in runs_c]
         dump()
         dst = work / f"build-{tokens}"
+        script = work / f"build-{tokens}.py"  # the builder script the CLI takes: attached to the server
+        script.write_text("CONFIG = " + repr(dict(
+            model=str(model), layers=list(LAYERS), source=cfg.source, max_length=tokens, part_size=16, backend="sglang",
+            backend_options={"sglang_url": url, "ring_dir": str(ring_dir), "max_inflight": 32})) + "\n")
+        cli = shutil.which("hs-dataset")
+        cmd = [cli] if cli else [sys.executable, "-m", "hs_dataset.cli"]
+        cmd += ["build", str(script), "--output", str(dst), "--no-progress"]
         stats0 = be.plugin_stats() or {}
-        with PeakRSS() as m:
-            t = time.time()
-            s = build(cfg, dst, backend=be, progress=False)
-            dt = time.time() - t
+        run = run_cli(cmd, work / f"build-{tokens}.log")
         stats1 = be.plugin_stats() or {}
-        out["build_tok_s"] = round(s.counts.tokens_written / dt)
+        out["build_command"] = " ".join(["hs-dataset"] + cmd[-5:])
+        out["cli"] = run
+        m = re.search(r"([\d,]+) tokens, .* in ([\d.]+)s", run["output_tail"])
+        if run["rc"] != 0 or m is None:
+            res.setdefault("errors", []).append(f"the {tokens} build: exit {run['rc']}: {run['output_tail']}")
+            res["sizes"][str(tokens)] = out
+            dump()
+            continue
+        written, seconds = int(m.group(1).replace(",", "")), float(m.group(2))
+        meta = json.loads((dst / "hs_dataset.json").read_text())
+        out["build_tok_s"] = round(written / seconds)
+        out["build_wall_tok_s"] = round(written / run["wall_s"])
         out["build/plain"] = round(out["build_tok_s"] / out["plain_tok_s"], 3)
-        out["build_rows"] = s.counts.rows_written
-        out["build_GB"] = round(s.bytes_written / 1e9, 2)
-        out["builder_peak_rss_above_start_GB"] = round((m.peak - m.before) / 1e9, 2)
-        out["builder_rss_before_GB"] = round(m.before / 1e9, 2)
+        out["build_rows"] = sum(f["rows"] for f in meta["shards"])
+        out["build_GB"] = round(sum(f["bytes"] for f in meta["shards"]) / 1e9, 2)
+        out["builder_peak_rss_GB"] = run["peak_rss_GB"]
+        out["builder_peak_rss/sample_GB"] = round(run["peak_rss_GB"] / out["sample_GB"], 3)
         out["room_wait_s"] = round(stats1.get("room_wait_s", 0) - stats0.get("room_wait_s", 0), 2)
         res["sizes"][str(tokens)] = out
         dump()
@@ -288,11 +377,8 @@ def main() -> None:
     be.close()
     for k, out in res["sizes"].items():
         disk_tok_s = res["disk_write_MBps"] * 1e6 / res["bytes_per_token"]
-        out["build/min(plain,disk)"] = round(out["build_tok_s"] / min(out["plain_tok_s"], disk_tok_s), 3)
-    dump()
-
-    res["peak_rss_process_GB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)
-    res["wall_s"] = round(time.time() - t_start, 1)
+        if "build_tok_s" in out:
+            out["build/min(plain,disk)"] = round(out["build_tok_s"] / min(out["plain_tok_s"], disk_tok_s), 3)
     dump()
 
 
