@@ -221,7 +221,8 @@ def main() -> None:
                 result = work / f"trainer-{rep}.json"
                 cmd = [sys.executable, __file__, "--trainer", str(out), "--result", str(result), "--batch",
                        str(a.batch), "--step-ms", str(a.step_ms)] + (["--cuda"] if a.cuda else [])
-                proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=os.pathsep.join(  # keep the device's site
+                    [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])))
             sink = Timed() if mode == "plain" else publisher(int(a.stream_gib * 2**30), 1 if proc else 0)
             s = build(cfg, out, backend=backend, progress=False, sink=sink)  # type: ignore[arg-type]
             dt = time.perf_counter() - sink.t0
