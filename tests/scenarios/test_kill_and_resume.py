@@ -48,16 +48,13 @@ def _driver(log: str, argv: list[str]) -> int:
 
     def replace(src, dst):
         d = Path(dst).absolute()
-        if d.parent == out / "data":
-            ev(f"move {d.name}")
-            time.sleep(0.02)
-        elif d.parent == out / ".hs_build" / "parts":
-            ev(f"record {d.name}")
-            time.sleep(0.02)
-        elif d.parent == out:
-            ev(f"final {d.name}")
-            time.sleep(0.02)
+        step = {out / "data": "move", out / ".hs_build" / "parts": "record", out: "final"}.get(d.parent)
+        if step is None:
+            return real_replace(src, dst)
+        ev(f"{step} {d.name}")
+        time.sleep(0.02)
         real_replace(src, dst)
+        ev(f"/{step} {d.name}")  # done: a kill after it did not land in this step (parts commit side by side)
 
     os.replace = replace
     real_finalize, real_recover = B.finalize, B.recover
@@ -156,10 +153,18 @@ def check_consistent(out: Path) -> dict[str, int]:
     return {name: (out / STATE_DIR / "parts" / name).stat().st_mtime_ns for name in recs}
 
 
-def phase(last_event: str | None) -> str:
-    if last_event is None:
-        return "startup"
-    word = last_event.split()[0]
+def phase(events: list[str]) -> str:
+    """Where a kill landed: in a shard move, a part record or a final write that had begun and not ended (parts
+    commit on several threads, so the last event may be another thread's), else the last step begun."""
+    begun = [e for e in events if not e.startswith("/")]
+    open_ = set(begun) - {e[1:] for e in events if e.startswith("/")}
+    for step in ("move", "record", "final"):
+        if any(e.split()[0] == step for e in open_):
+            return _phase_of(step)
+    return _phase_of(begun[-1].split()[0]) if begun else "startup"
+
+
+def _phase_of(word: str) -> str:
     return {"start": "startup", "recover": "recovery", "backend": "starting the backend", "gen": "generating a part", "move": "moving shards",
             "record": "writing a part record", "finalize": "finalize", "final": "finalize",
             "done": "after the end"}.get(word, word)
@@ -235,7 +240,7 @@ def test_kill_at_random_points_then_resume_gives_the_uninterrupted_rows(tiny_mod
             proc.kill()
             proc.wait()
         ev = events()
-        landed.append("after the end" if finished_first else phase(ev[-1] if ev else None))
+        landed.append("after the end" if finished_first else phase(ev))
         print(f"round {r}: plan {plan}, killed at {ev[-1] if ev else None!r} -> {landed[-1]}, "
               f"{len(records(out))} parts recorded")
         now = check_consistent(out)
