@@ -209,6 +209,34 @@ def test_parts_commit_side_by_side_in_any_order_and_the_sink_hears_them_in_order
     assert content_hash(out) == content_hash(ref)
 
 
+def test_a_build_shortens_the_gil_switch_interval_and_restores_it(tiny_model, tmp_path):
+    """The statistics threads take the GIL back after every numpy call: during a build the switch interval
+    is SWITCH_INTERVAL_S (benchmarks/stats_overhead.py --threads), and the caller's value comes back after it,
+    also after a failed build."""
+    import sys
+
+    from hs_dataset.write.driver import SWITCH_INTERVAL_S
+
+    seen = []
+
+    class Watch(Tap):
+        def capture(self, samples):
+            seen.append(sys.getswitchinterval())
+            yield from super().capture(samples)
+
+    before = sys.getswitchinterval()
+    backend = Watch(TransformersBackend(tiny_model, LAYERS))
+    try:
+        build(config(tiny_model, max_samples=4), tmp_path / "out", backend=backend, progress=False)
+        assert seen and all(x == SWITCH_INTERVAL_S for x in seen) and SWITCH_INTERVAL_S < before
+        assert sys.getswitchinterval() == before
+        with pytest.raises(ConfigMismatchError):
+            build(config(tiny_model, max_samples=4, layers=(0, 2)), tmp_path / "out", backend=backend, progress=False)
+        assert sys.getswitchinterval() == before
+    finally:
+        backend.close()
+
+
 def test_resume_skips_done_parts_and_refuses_a_changed_config(tiny_model, tmp_path):
     out = tmp_path / "out"
     first = build(config(tiny_model), out, progress=False)
