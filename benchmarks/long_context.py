@@ -25,7 +25,7 @@ transformers reference on the same GPU (a chunked forward over a KV cache); afte
 16,384-token window read with its file's page cache dropped (bytes read from disk, /proc/self/io),
 and its last 1,024 positions against the reference with --parity-131k; then the disk's write rate.
 
-    source .gpu/device-setup.sh && pip install --no-deps --no-build-isolation --no-index -e .
+    source .gpu/device-setup.sh && python3 -m pip install --no-deps --no-build-isolation --no-index -e .
     python benchmarks/long_context.py --json $OUT/long-context.json
 """
 

@@ -24,7 +24,7 @@ Shapes: ``--shape kimi`` is DeepSeek-V3 at Kimi-K2.5's width (``.gpu/make_kimi_w
 7168, 6 layers, 3.4B params; layers 1, 3, 4 + final = 57,344 bytes per token); ``--shape llama8b`` an
 8B-shaped Llama (layers 1, 15, 28 + final = 32,768 bytes per token). Random weights, made on the GPU.
 
-    source .gpu/device-setup.sh && pip install --no-deps --no-build-isolation --no-index -e .
+    source .gpu/device-setup.sh && python3 -m pip install --no-deps --no-build-isolation --no-index -e .
     python benchmarks/sglang_extraction.py --shape kimi --samples 128 --json $OUT/bench-kimi.json
 """
 

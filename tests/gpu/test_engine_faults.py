@@ -7,7 +7,7 @@
 * an engine that cannot start says why in one line (not enough memory at mem_fraction_static, a
   model directory SGLang cannot load, a port in use).
 
-    source .gpu/device-setup.sh && pip install --no-deps --no-build-isolation --no-index -e . \\
+    source .gpu/device-setup.sh && python3 -m pip install --no-deps --no-build-isolation --no-index -e . \\
         && python -m pytest -m gpu -v -rs tests/gpu/test_engine_faults.py
 """
 

@@ -4,7 +4,7 @@ token) passes a probe of 64 of its rows re-run through the transformers backend 
 same probe names both samples of a pair whose states were swapped afterwards (checksums recorded again).
 Timings and the worst parity per column go to ``$OUT/gpu_probe.json``. Run on the device:
 
-    source .gpu/device-setup.sh && pip install --no-deps --no-build-isolation --no-index -e . \\
+    source .gpu/device-setup.sh && python3 -m pip install --no-deps --no-build-isolation --no-index -e . \\
         && python -m pytest -m gpu -v -rs tests/gpu/test_probe.py
 """
 

@@ -3,7 +3,7 @@ multimodal wrapper; every layer including the last one before the final norm), c
 radix cache, fp8 quantized on the GPU, full builds in-process and attached to a launched server.
 Run on the device (see README, "GPU tests"):
 
-    source .gpu/device-setup.sh && pip install --no-deps --no-build-isolation --no-index -e . \
+    source .gpu/device-setup.sh && python3 -m pip install --no-deps --no-build-isolation --no-index -e . \
         && python -m pytest -m gpu -q tests
 
 Tolerance: both backends run the same bf16 weights, but with different kernels (SGLang's fused
