@@ -12,7 +12,7 @@ prefill, started once) measures, in this order:
            by this process attached to the server (``SGLangBackend(sglang_url=...)``)
   capture  with --capture N: capture + transport alone for sizes up to N tokens, the states through this
            process's ring (windowed past its window) and dropped, nothing written (a 131k sample's build,
-           prefill-bound, measures it: its build ran at 0.99x of plain on 2026-12-03)
+           prefill-bound, measures it: an in-process 131k build ran at 0.99x of plain on 2026-12-03)
   build    ``hs-dataset build`` (the CLI, a process of its own, attached to the same server: attach
            mode, README) of a source whose rows tokenize to exactly that many tokens, onto the disk;
            build tok/s from its summary line (the build's own seconds) and from its process's wall
