@@ -46,6 +46,16 @@ def test_bf16_statistics_are_those_of_the_stored_values_nonfinite_counted_apart(
     assert got.fp8_limit == int((finite.abs() >= 448).sum()) > 0  # the outliers an unscaled cast saturates
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
+def test_bf16_largest_magnitude_from_the_bits_with_one_sign_or_none(sign):
+    x = (states(T=20, H=64).float().abs() * sign).to(torch.bfloat16)  # all positive, all negative, all zero
+    if sign == 0.0:
+        x = -x  # -0.0: bits 0x8000
+    got = column_stats({"c": x.view(torch.int16).numpy().view(np.uint16)}, "c")
+    assert got.absmax == float(x.float().abs().max())
+    assert got.sum == pytest.approx(float(x.double().sum()), rel=1e-6)
+
+
 def test_fp8_statistics_are_those_of_code_times_scale_subnormal_codes_included():
     q, scale = fp8_quantize(states())
     subnormal = ((q & 0x78) == 0) & ((q & 0x7F) != 0)
