@@ -157,18 +157,22 @@ class TransformersBackend:
     @torch.inference_mode()
     def _run_chunked(self, s: TokenizedSample, chunk: int) -> CaptureResult:
         """One long sample, ``chunk`` positions per pass over a KV cache: the states of every position,
-        gathered on the CPU (the reference keeps the sample whole; the build then cuts it into rows)."""
-        from transformers import DynamicCache  # deferred: transformers takes seconds to import
+        gathered on the CPU (the reference keeps the sample whole; the build then cuts it into rows). The
+        cache is allocated once for the whole sample (a growing cache copies itself at every pass: at
+        131,072 positions of the Kimi-width stand-in, terabytes of copies)."""
+        from transformers import StaticCache  # deferred: transformers takes seconds to import
 
         T = s.num_tokens
         ids = torch.from_numpy(s.input_ids).to(torch.long).unsqueeze(0)
         states = torch.empty((len(self.layers) + 1, T, self.info.hidden_size), dtype=torch.bfloat16)
-        cache = DynamicCache()
+        cache = StaticCache(config=self._lm.config, max_cache_len=T)
         for a in range(0, T, chunk):
             b = min(a + chunk, T)
             self._caught.clear()
-            out = self._model(input_ids=ids[:, a:b].to(self.device), past_key_values=cache, use_cache=True,
-                              cache_position=torch.arange(a, b, device=self.device))
+            with warnings.catch_warnings():  # transformers >= 5.2x names it `cache`; the device's 5.12 does not
+                warnings.filterwarnings("ignore", "`past_key_values` is deprecated", FutureWarning)
+                out = self._model(input_ids=ids[:, a:b].to(self.device), past_key_values=cache, use_cache=True,
+                                  cache_position=torch.arange(a, b, device=self.device))
             for j, t in enumerate([self._caught[k] for k in self.layers] + [out.last_hidden_state]):
                 states[j, a:b] = t[0].to("cpu", torch.bfloat16)
             self._caught.clear()
