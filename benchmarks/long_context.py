@@ -24,7 +24,7 @@ transformers reference on the same GPU (a chunked forward over a KV cache); afte
 ``hs-dataset verify`` of it, ``load_dataset(dir, streaming=True)``, ``open_dataset`` and a
 16,384-token window read with its file's page cache dropped (bytes read from disk, /proc/self/io),
 and, before those, its last 1,024 positions against the reference with --parity-131k (a forward of
-all 131,072 positions, 256 at a time over a cache allocated once: 32 GB of keys and values beside the
+all 131,072 positions, 128 at a time over a cache allocated once: 32 GB of keys and values beside the
 server's memory); then the disk's write rate.
 
     source .gpu/device-setup.sh && python3 -m pip install --no-deps --no-build-isolation --no-index -e .
@@ -161,6 +161,8 @@ def main() -> None:
     ap.add_argument("--capture", type=int, default=0, metavar="TOKENS",
                     help="also time capture + transport alone for sizes up to this many tokens (0: none)")
     ap.add_argument("--chunk", type=int, default=16384, help="SGLang chunked_prefill_size")
+    ap.add_argument("--measure-only", default="", help="sizes (tokens, comma separated) timed plain/capture, not built")
+    ap.add_argument("--build-only", default="", help="sizes built (and checked), not timed plain/capture first")
     ap.add_argument("--parity-131k", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=540, help="skip the optional steps after this")
     ap.add_argument("--compact", type=int, default=0,
@@ -315,22 +317,26 @@ def _run(a, res, dump, t_start, t, model, work, sizes, configs, url, ring_dir) -
         samples = [s for _, s in tokenized_samples(cfg, r.tokenizer, r.vocab_size, [(0, n)], lambda *_: None)]
         assert all(s.num_tokens == tokens for s in samples), [s.num_tokens for s in samples]
         total = tokens * n
-        if tokens <= 32768:
-            plain(samples[:1])  # warm-up: kernels for this length (the longest runs after the others' warm-ups)
         out: dict = {"samples": n, "tokens": total, "sample_GB": round(tokens * res["bytes_per_token"] / 1e9, 2)}
-        runs_p, runs_c = [], []
-        for _ in range(a.reps):
-            runs_p.append(total / plain(samples))
-            if tokens <= a.capture:
-                dt, nbytes = capture(samples, r.row_tokens)
-                runs_c.append(total / dt)
-        out["plain_tok_s"] = round(max(runs_p))
-        out["runs"] = {"plain": [round(x) for x in runs_p]}
-        if runs_c:
-            out["capture_tok_s"] = round(max(runs_c))
-            out["capture/plain"] = round(max(runs_c) / max(runs_p), 3)
-            out["runs"]["capture"] = [round(x) for x in runs_c]
-        dump()
+        res["sizes"][str(tokens)] = out
+        if str(tokens) not in a.build_only.split(","):
+            if tokens <= 32768:
+                plain(samples[:1])  # warm-up: kernels for this length (the longest runs after the others' warm-ups)
+            runs_p, runs_c = [], []
+            for _ in range(a.reps):
+                runs_p.append(total / plain(samples))
+                if tokens <= a.capture:
+                    dt, nbytes = capture(samples, r.row_tokens)
+                    runs_c.append(total / dt)
+            out["plain_tok_s"] = round(max(runs_p))
+            out["runs"] = {"plain": [round(x) for x in runs_p]}
+            if runs_c:
+                out["capture_tok_s"] = round(max(runs_c))
+                out["capture/plain"] = round(max(runs_c) / max(runs_p), 3)
+                out["runs"]["capture"] = [round(x) for x in runs_c]
+            dump()
+        if str(tokens) in a.measure_only.split(","):
+            continue
         dst = work / f"build-{tokens}"
         script = work / f"build-{tokens}.py"  # the builder script the CLI takes: attached to the server
         script.write_text("CONFIG = " + repr(dict(
@@ -347,20 +353,19 @@ def _run(a, res, dump, t_start, t, model, work, sizes, configs, url, ring_dir) -
         m = re.search(r"([\d,]+) tokens, .* in ([\d.]+)s", run["output_tail"])
         if run["rc"] != 0 or m is None:
             res.setdefault("errors", []).append(f"the {tokens} build: exit {run['rc']}: {run['output_tail']}")
-            res["sizes"][str(tokens)] = out
             dump()
             continue
         written, seconds = int(m.group(1).replace(",", "")), float(m.group(2))
         meta = json.loads((dst / "hs_dataset.json").read_text())
         out["build_tok_s"] = round(written / seconds)
         out["build_wall_tok_s"] = round(written / run["wall_s"])
-        out["build/plain"] = round(out["build_tok_s"] / out["plain_tok_s"], 3)
+        if "plain_tok_s" in out:
+            out["build/plain"] = round(out["build_tok_s"] / out["plain_tok_s"], 3)
         out["build_rows"] = sum(f["rows"] for f in meta["shards"])
         out["build_GB"] = round(sum(f["bytes"] for f in meta["shards"]) / 1e9, 2)
         out["builder_peak_rss_GB"] = run["peak_rss_GB"]
         out["builder_peak_rss/sample_GB"] = round(run["peak_rss_GB"] / out["sample_GB"], 3)
         out["room_wait_s"] = round(stats1.get("room_wait_s", 0) - stats0.get("room_wait_s", 0), 2)
-        res["sizes"][str(tokens)] = out
         dump()
         try:
             if tokens == 32768:
@@ -368,7 +373,7 @@ def _run(a, res, dump, t_start, t, model, work, sizes, configs, url, ring_dir) -
                 dump()
             elif tokens == 131072:
                 if a.parity_131k and time.time() - t_start < a.deadline_s - 100:  # before the checks (they ran on 2026-12-03)
-                    res["parity_131k"] = parity(131072, [(131072 - 1024, 131072)], 256)
+                    res["parity_131k"] = parity(131072, [(131072 - 1024, 131072)], 128)
                     dump()
                 checks_131k(dst)
         except Exception as e:  # recorded, and the next size runs
@@ -381,7 +386,7 @@ def _run(a, res, dump, t_start, t, model, work, sizes, configs, url, ring_dir) -
     be.close()
     for k, out in res["sizes"].items():
         disk_tok_s = res["disk_write_MBps"] * 1e6 / res["bytes_per_token"]
-        if "build_tok_s" in out:
+        if "build_tok_s" in out and "plain_tok_s" in out:
             out["build/min(plain,disk)"] = round(out["build_tok_s"] / min(out["plain_tok_s"], disk_tok_s), 3)
     dump()
 
