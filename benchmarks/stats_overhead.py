@@ -5,24 +5,24 @@ width, against raw baselines measured in the same run.
 A row: 4 states (3 layers + final) x 2048 tokens x 7168, as bf16 (117 MB) and as fp8 e4m3 with per-token
 scales (59 MB). Per row and storage dtype, best of ``--reps``:
 
-  stats      every state counted (``row_stats``) on one thread
+  stats      every state counted (``row_stats``) from one thread (each kernel call on torch's threads)
   memcpy     the row's bytes copied into a preallocated buffer (the least a pass over the row costs)
   write      the row's bytes written with ``tofile`` + ``fsync`` (what a build does with them, on ``--dir``)
 
-and the ratios stats / memcpy and stats / write. A build counts rows on ``stats_workers()`` threads
-(half the CPUs, 1 to 8) while it writes the next ones, so it keeps up while stats / workers stays below
-the time a row takes to write; the JSON also gives the tokens per second one thread counts.
+and the ratios stats / memcpy and stats / write. A build counts rows on ``stats_workers()`` threads (2)
+while it writes the next ones, so it keeps up while stats / workers stays below the time a row takes to
+write; the JSON also gives the tokens per second one counting thread counts.
 
 ``--threads 1,4,8`` then counts bf16 rows on that many threads at once (each its own row), the total GB/s,
-for each ``--chunk`` (values per numpy call; default the module's 1,048,576: 8 MiB of buffers a thread)
-and each ``--switch-ms`` (Python's GIL switch interval, 5 ms by default), with ``--busy`` threads running
-Python code beside them (a build's own thread, the ring reader). On the H200's host a bf16 build into
-/dev/shm (2026-12-03) had its 8 counting threads at 0.47 GB/s each, against 2.32 GB/s for one thread on
-the 2-vCPU VM: this separates the GIL's hand-offs (fewer, larger calls; a shorter switch interval) from
-the caches (smaller chunks).
+for each ``--chunk`` (values a step of the kernels, ``value_stats.STEP_VALUES``: a handful of torch calls
+each) and each ``--switch-ms`` (Python's GIL switch interval, 5 ms by default), with ``--busy`` threads
+running Python code beside them (a build's own thread, the ring reader). Each return from a call that
+released the GIL waits up to the switch interval while a busy thread runs: on the H200's host
+(2026-12-03) the numpy kernels of the time (~110 calls a Kimi-width state) gave 1.37 GB/s on 8 threads
+beside one busy thread at 0.5 ms, 0.32 GB/s at 5 ms.
 
     python benchmarks/stats_overhead.py --json benchmarks/results/<date>-<machine>-stats.json
-    python benchmarks/stats_overhead.py --threads 1,8,12 --chunk 262144,1048576 --switch-ms 5,0.5 --busy 1
+    python benchmarks/stats_overhead.py --threads 1,2,8 --switch-ms 5,0.5 --busy 1
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ import torch
 from hs_dataset.codec.fp8 import fp8_quantize
 from hs_dataset.integrity import value_stats
 from hs_dataset.integrity.stats import row_stats, stats_workers
+
+STEP = value_stats.STEP_VALUES
 
 HIDDEN, TOKENS, STATES = 7168, 2048, 4
 COLUMNS = ["hidden_layer_1", "hidden_layer_3", "hidden_layer_4", "hidden_final"]
@@ -77,9 +79,9 @@ def best(fn, reps: int) -> float:
 
 def threaded(threads: int, chunk: int, switch_s: float, busy: int, rows: int) -> float:
     """Total GB/s of ``threads`` threads each counting ``rows`` bf16 rows (its own row), with ``busy`` threads
-    running Python code, at ``chunk`` values per numpy call and the GIL switch interval ``switch_s``."""
-    value_stats.CHUNK = chunk
-    value_stats._BUFFERS = value_stats._Buffers()  # each thread makes its buffers at the new size
+    running Python code, at ``chunk`` values a step (``value_stats.STEP_VALUES``) and the GIL switch interval
+    ``switch_s``."""
+    value_stats.STEP_VALUES = chunk
     before = sys.getswitchinterval()
     sys.setswitchinterval(switch_s)
     data = [make_row("bfloat16", seed=k) for k in range(threads)]
@@ -110,8 +112,7 @@ def threaded(threads: int, chunk: int, switch_s: float, busy: int, rows: int) ->
         for t in spinners:
             t.join()
         sys.setswitchinterval(before)
-        value_stats.CHUNK = 1 << 20
-        value_stats._BUFFERS = value_stats._Buffers()
+        value_stats.STEP_VALUES = STEP
     return threads * rows * sum(x.nbytes for x in row_bytes(data[0])) / dt / 1e9
 
 
@@ -121,7 +122,7 @@ def main() -> None:
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the write baseline writes")
     ap.add_argument("--json", default=None)
     ap.add_argument("--threads", default="", help="e.g. 1,8,12: then the threaded table (see the docstring)")
-    ap.add_argument("--chunk", default=str(1 << 20), help="values per numpy call, comma separated")
+    ap.add_argument("--chunk", default=str(STEP), help="values a step of the kernels, comma separated")
     ap.add_argument("--switch-ms", default="5", help="GIL switch intervals, comma separated")
     ap.add_argument("--busy", type=int, default=0, help="threads running Python code beside the counting ones")
     ap.add_argument("--rows", type=int, default=4, help="rows each counting thread counts")

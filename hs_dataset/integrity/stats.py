@@ -39,10 +39,10 @@ LENGTH_BINS = 32
 
 
 def stats_workers() -> int:
-    """Threads counting rows: half the CPUs, 1 to 8. A Kimi-width row (4 states x 2048 tokens) took 115-130 ms
-    as bf16 and 175-190 ms as fp8 on one core of the 2-core VM (``benchmarks/stats_overhead.py``), and one
-    H200 builds ~11 such rows a second in bf16, ~22 in fp8 (README): 3-4 threads keep up with fp8 there."""
-    return max(1, min(8, (os.cpu_count() or 1) // 2))
+    """Threads counting rows: 2 (1 on a single CPU). Each kernel call runs on torch's own threads
+    (:mod:`hs_dataset.integrity.value_stats`); a second counting thread fills the time the first waits
+    for the GIL between calls, and more would multiply torch's thread teams beyond the CPUs."""
+    return max(1, min(2, os.cpu_count() or 1))
 
 
 @dataclass

@@ -1,19 +1,21 @@
 """One stored state's statistics (:class:`ColumnStats`): the kernels that count a ``[T, H]`` state fast.
 
-A state is read in chunks of :data:`CHUNK` values into one reused float32 buffer (4 MiB: it stays in
-the cache while it is summed). Few passes over a chunk, each one numpy call that releases the GIL
-(about ten per chunk: a build counts on several threads beside busy Python ones): the sum and the sum
-of squares are dot products of a few thousand values each (OpenBLAS's ``sdot``, below its threading
-threshold), added up in float64; so the sums are the same however many threads a process has (a build
-split over workers gives a single-worker build's statistics, bit for bit). Decoding takes no lookup
-table (numpy's ``take`` costs 2 ns a value): bf16 bits shifted left by 16 are the float32 of the same
-value, and their largest magnitude comes from the bits themselves; an fp8 e4m3 code sign-extended to
-32 bits, shifted left by 20 and masked is a float32 with the code's sign, exponent and mantissa fields,
-which is the fp8 value times 2^-120 for normal and subnormal codes alike; one multiplication by 2^120
-gives the code's value, and the token's scale enters the per-token sums in float64. Costs:
-``benchmarks/stats_overhead.py``. Non-finite values (bf16 NaN/Inf, the fp8 NaN codes 0x7F/0xFF, a token
-whose scale is not finite) are counted and left out of the sums; the fast path finds them from the
-chunk's sum (bf16) or each token's largest code (fp8).
+A build counts states on worker threads beside busy Python threads (its own, the ring reader), so
+what costs is not the arithmetic but each return from a call that released the GIL: the thread waits
+up to the switch interval to get it back. numpy works in chunks of cache size, ~110 such calls per
+Kimi-width state; on the H200's host 8 counting threads beside one busy thread moved 1.37 GB/s
+together, about one thread's worth (``benchmarks/stats_overhead.py --threads``). These kernels are
+torch's, a handful of calls per :data:`STEP_VALUES` values (a whole 2,048-token Kimi-width state),
+each one parallel inside torch: a state is decoded into one reused float32 buffer (bf16 bits by a
+copy; fp8 e4m3 codes sign-extended to 32 bits, shifted left by 20 and masked, which is a float32
+with the code's sign, exponent and mantissa fields, the fp8 value times 2^-120 for normal and
+subnormal codes alike, then multiplied by 2^120), summed and its norm taken in rows of at most
+8,192 values, its extremes found. Every row is reduced by one thread (torch splits a reduction across
+threads only above 32,768 values), and rows are added up in float64 by numpy, so the sums are the
+same however many threads a process has (a build split over workers gives a single-worker build's
+statistics, bit for bit). An fp8 token's scale enters its sums in float64. Non-finite values (bf16
+NaN/Inf, the fp8 NaN codes 0x7F/0xFF, a token whose scale is not finite) are counted and left out of
+the sums; the fast path finds them from the sums.
 """
 
 from __future__ import annotations
@@ -24,18 +26,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from hs_dataset.codec.fp8 import FP8_MAX
 from hs_dataset.layout import scale_column
 
-__all__ = ["CHUNK", "ColumnStats", "column_stats", "saturation_limit"]
+__all__ = ["STEP_VALUES", "ColumnStats", "column_stats", "saturation_limit"]
 
-CHUNK = 1 << 20  # values per chunk
-ROW = 4096  # values per dot product (a divisor of CHUNK)
-_ONES = np.ones(ROW, np.float32)
+STEP_VALUES = 1 << 24  # values decoded at once (a 64 MiB float32 buffer a thread)
 _LIMIT_CODE, _NAN_CODE = 0x7E, 0x7F  # e4m3fn magnitudes: 0x7E is 448, 0x7F is NaN
-_P120 = np.float32(2.0 ** 120)
-_FP8_MAGNITUDE = np.array([float(np.array(c << 20, np.uint32).view(np.float32)) * 2.0 ** 120 for c in range(128)])
+_SIGN_MAGNITUDE = int(np.array(0x87F00000, np.uint32).view(np.int32))  # bit 31 and bits 20-26, as int32
+_P120 = 2.0 ** 120
+_FP8_MAGNITUDE = np.array([float(np.array(c << 20, np.uint32).view(np.float32)) * _P120 for c in range(128)])
 _FP8_MAGNITUDE[_NAN_CODE] = 0.0  # the value of each magnitude code (NaN codes are left out)
 
 
@@ -92,119 +94,106 @@ class ColumnStats:
 
 
 class _Buffers(threading.local):
-    """Each thread's chunk buffers (a uint32 array, its float32 view, a uint8 array)."""
+    """Each thread's buffers, grown as needed up to :data:`STEP_VALUES` values: the decoded values (int32,
+    viewed as float32), the fp8 magnitude codes (uint8), comparisons (bool). Fresh memory each step would
+    cost page faults at every state."""
 
     def __init__(self) -> None:
-        self.u32 = np.empty(CHUNK, np.uint32)
-        self.f32 = self.u32.view(np.float32)
-        self.u8 = np.empty(CHUNK, np.uint8)
+        self.i32 = torch.empty(0, dtype=torch.int32)
+        self.u8 = torch.empty(0, dtype=torch.uint8)
+        self.b = torch.empty(0, dtype=torch.bool)
+
+    def take(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.i32.numel() < n:
+            self.i32 = torch.empty(n, dtype=torch.int32)
+            self.u8 = torch.empty(n, dtype=torch.uint8)
+            self.b = torch.empty(n, dtype=torch.bool)
+        return self.i32[:n], self.u8[:n], self.b[:n]
 
 
 _BUFFERS = _Buffers()
 
 
-def _sums(f: np.ndarray) -> tuple[float, float]:
-    """The sum and the sum of squares of a float32 chunk: dot products of :data:`ROW` values (one numpy call
-    each for all rows, one pass over the chunk each), added up in float64. A row is below OpenBLAS's
-    threading threshold (10,000 values), so each dot product runs on the calling thread alone and the sums
-    are the same however many threads a process has."""
-    rows = f.size // ROW * ROW
-    whole = f[:rows].reshape(-1, ROW)
-    total = float(np.sum(np.vecdot(whole, _ONES), dtype=np.float64))
-    square = float(np.sum(np.vecdot(whole, whole), dtype=np.float64))
-    if rows < f.size:
-        rest = f[rows:]
-        total += float(np.dot(rest, _ONES[:rest.size]))
-        square += float(np.dot(rest, rest))
-    return total, square
+def _piece(H: int) -> int:
+    """The length of the rows a state is reduced in: ``H``'s largest divisor up to 8,192 (one thread each)."""
+    return next(d for d in range(min(H, 8192), 0, -1) if H % d == 0)
 
 
-def _reduce(f: np.ndarray, s: ColumnStats, absmax: float) -> None:
-    """Add a float32 chunk ``f`` (zeroed in place where not finite) to ``s``; ``absmax``: its largest
-    magnitude, found from its bf16 bits (unless some values are not finite)."""
-    total, square = _sums(f)
-    if not math.isfinite(total):  # rare: count, then leave the non-finite values out
-        nan, inf = np.isnan(f), np.isinf(f)
-        s.nan += int(np.count_nonzero(nan))
-        s.inf += int(np.count_nonzero(inf))
-        f[nan | inf] = 0.0
-        total, square = _sums(f)
-        absmax = max(-float(np.min(f)), float(np.max(f)))
-    s.sum += total
-    s.sumsq += square
-    s.absmax = max(s.absmax, absmax)
+def _count(b: torch.Tensor) -> int:
+    """The true values of a bool tensor (``count_nonzero``: a bool ``sum`` is 20 times slower)."""
+    return int(torch.count_nonzero(b))
 
 
-def _bf16_absmax(bits: np.ndarray) -> float:
-    """The largest magnitude of finite bf16 values ``bits`` (uint16), from the bits alone: a bf16 value's
-    magnitude grows with its bits; as int16 the largest is the largest positive value (when there is one),
-    as uint16 the largest is the negative value of largest magnitude (when there is one)."""
-    positive = int(np.max(bits.view(np.int16)))
-    negative = int(np.max(bits)) - 0x8000
-    top = max(positive, negative, 0)
-    return float(np.array(top << 16, np.uint32).view(np.float32))
+def _row_sums(f: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``f`` (float32 ``[n, piece]``): the sum and the sum of squares, as float64."""
+    total = f.sum(1).numpy().astype(np.float64)
+    norm = torch.linalg.vector_norm(f, dim=1).numpy().astype(np.float64)
+    return total, norm * norm
 
 
 def _bf16_stats(bits: np.ndarray) -> ColumnStats:
-    flat = bits.reshape(-1)
+    flat = np.ascontiguousarray(bits).reshape(-1)
     s = ColumnStats(values=flat.size)
-    for k in range(0, flat.size, CHUNK):
-        n = min(CHUNK, flat.size - k)
-        u = _BUFFERS.u32[:n]
-        np.copyto(u, flat[k:k + n], casting="unsafe")
-        np.left_shift(u, 16, out=u)  # bf16 bits are the high half of the float32 with the same value
-        f = _BUFFERS.f32[:n]
-        _reduce(f, s, _bf16_absmax(flat[k:k + n]))
-        if s.absmax >= FP8_MAX:
-            s.fp8_limit += int(np.count_nonzero(np.abs(f) >= FP8_MAX))
+    piece = _piece(max(bits.shape[-1], 1) if bits.ndim else 1)
+    x = torch.from_numpy(flat.view(np.int16)).view(-1, piece)
+    step = max(1, STEP_VALUES // piece)
+    for r0 in range(0, x.shape[0], step):
+        xs = x[r0:r0 + step]
+        i32, _, b = _BUFFERS.take(xs.numel())
+        i32, b = i32.view(xs.shape), b.view(xs.shape)
+        i32.copy_(xs)  # sign-extended: the bits in the low half
+        i32.bitwise_left_shift_(16)  # bf16 bits are the high half of the float32 with the same value
+        f = i32.view(torch.float32)
+        total, square = _row_sums(f)
+        if not np.isfinite(total).all():  # rare: count, then leave the non-finite values out
+            nan, inf = torch.isnan(f), torch.isinf(f)
+            s.nan += _count(nan)
+            s.inf += _count(inf)
+            f.masked_fill_(nan | inf, 0.0)
+            total, square = _row_sums(f)
+        s.sum += float(np.sum(total))
+        s.sumsq += float(np.sum(square))
+        lo, hi = torch.aminmax(f)
+        top = max(-float(lo), float(hi))
+        s.absmax = max(s.absmax, top)
+        if top >= FP8_MAX:
+            s.fp8_limit += _count(torch.ge(f.abs_(), FP8_MAX, out=b))  # f is not needed after this
     return s
-
-
-def _piece(H: int) -> int:
-    """The length of the dot products over a token of width ``H``: its largest divisor up to 8,192 (below
-    OpenBLAS's threading threshold, see :func:`_sums`)."""
-    return next(d for d in range(min(H, 8192), 0, -1) if H % d == 0)
 
 
 def _fp8_stats(q: np.ndarray, scale: np.ndarray) -> ColumnStats:
     T, H = q.shape
     s = ColumnStats(values=T * H)
-    step = max(1, CHUNK // max(H, 1))
-    piece = _piece(H)
-    ones = np.ones(piece, np.float32)
+    piece = _piece(max(H, 1))
+    codes = torch.from_numpy(np.ascontiguousarray(q))
+    step = max(1, STEP_VALUES // max(H, 1))
     for t0 in range(0, T, step):
-        qc, sc = q[t0:t0 + step], scale[t0:t0 + step].astype(np.float64)
+        qc, sc = codes[t0:t0 + step], scale[t0:t0 + step].astype(np.float64)
         n = qc.shape[0]
-        mag = _BUFFERS.u8[:n * H].reshape(n, H)
-        np.bitwise_and(qc, 0x7F, out=mag)  # the magnitude code
-        s.fp8_limit += int(np.count_nonzero(mag == _LIMIT_CODE))
-        top = np.max(mag, axis=1)  # each token's largest magnitude code
+        i32, mag, b = _BUFFERS.take(n * H)
+        i32, mag, b = i32.view(n, H), mag.view(n, H), b.view(n, H)
+        torch.bitwise_and(qc, 0x7F, out=mag)  # the magnitude code
+        s.fp8_limit += _count(torch.eq(mag, _LIMIT_CODE, out=b))
+        i32.copy_(qc.view(torch.int8))  # sign-extended: the sign in bit 31
+        i32.bitwise_left_shift_(20)
+        i32.bitwise_and_(_SIGN_MAGNITUDE)  # sign | magnitude << 20: the code's value times 2^-120
+        f = i32.view(torch.float32)
+        f.mul_(_P120)  # the code's value
+        total, square = (a.reshape(n, -1).sum(1) for a in _row_sums(f.view(-1, piece)))
         ok = np.isfinite(sc)
-        nan_codes = None
-        if n and int(top.max()) == _NAN_CODE:  # rare: NaN codes, counted where the token's scale is finite
-            nan_codes = mag == _NAN_CODE
-            s.nan += int(np.count_nonzero(nan_codes[ok]))
-            mag[nan_codes] = 0
-            top = np.max(mag, axis=1)
-        if not ok.all():  # rare: tokens whose scale is not finite (all their values count)
-            s.nan += H * int(np.count_nonzero(np.isnan(sc)))
+        if not (np.isfinite(total).all() and ok.all()):  # rare: NaN codes, tokens whose scale is not finite
+            nan_codes = torch.eq(mag, _NAN_CODE)
+            s.nan += int(nan_codes.sum(1).numpy()[ok].sum()) + H * int(np.count_nonzero(np.isnan(sc)))
             s.inf += H * int(np.count_nonzero(np.isinf(sc)))
+            f.masked_fill_(nan_codes, 0.0)
+            mag.masked_fill_(nan_codes, 0)
+            total, square = (a.reshape(n, -1).sum(1) for a in _row_sums(f.view(-1, piece)))
             sc = np.where(ok, sc, 0.0)
-        u = _BUFFERS.u32[:n * H].reshape(n, H)
-        np.copyto(u.view(np.int32), qc.view(np.int8), casting="unsafe")  # sign-extended: the sign in bit 31
-        np.left_shift(u, 20, out=u)
-        np.bitwise_and(u, 0x87F00000, out=u)  # sign | magnitude << 20: the code's value times 2^-120
-        f = _BUFFERS.f32[:n * H].reshape(n, H)
-        np.multiply(f, _P120, out=f)  # the code's value
-        if nan_codes is not None:
-            f[nan_codes] = 0.0
-        pieces = f.reshape(n, H // piece, piece)
-        token_sum = np.sum(np.vecdot(pieces, ones), axis=1, dtype=np.float64)
-        token_sumsq = np.sum(np.vecdot(pieces, pieces), axis=1, dtype=np.float64)
-        s.sum += float(np.sum(token_sum * sc))
-        s.sumsq += float(np.sum(token_sumsq * (sc * sc)))
-        if n:
-            s.absmax = max(s.absmax, float(np.max(_FP8_MAGNITUDE[top] * np.abs(sc))))
+        s.sum += float(np.sum(total * sc))
+        s.sumsq += float(np.sum(square * (sc * sc)))
+        if n:  # each token's largest magnitude code (a magnitude grows with its code), times its scale
+            top = _FP8_MAGNITUDE[torch.amax(mag, dim=1).numpy()]
+            s.absmax = max(s.absmax, float(np.max(top * np.abs(sc))))
     return s
 
 
