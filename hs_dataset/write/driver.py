@@ -76,11 +76,11 @@ logger = logging.getLogger(__name__)
 # with 2 side by side and 12.67 GB/s with 4 (benchmarks/file_writes.py), while Kimi-width capture runs at
 # ~6.4 GB/s: a part's writes must overlap the next ones'. What is queued stays bounded by QUEUE_BYTES.
 COMMITS_IN_FLIGHT = 3
-# Python's GIL switch interval while a build runs (5 ms by default). The statistics threads call numpy about a
-# hundred times per state, releasing and taking the GIL back each time; while another thread runs Python code,
-# taking it back waits for that thread's interval. benchmarks/stats_overhead.py --threads (2-vCPU VM, one
-# thread running Python beside them): one counting thread 0.05 GB/s at 5 ms, 0.21 at 0.5 ms (1.5 GB/s
-# alone). On the H200's host the 8 counting threads of a bf16 build into /dev/shm moved 0.47 GB/s each.
+# Python's GIL switch interval while a build runs (5 ms by default). The statistics threads call torch a handful of
+# times per state, releasing the GIL each time; while another thread runs Python code, taking it back waits for
+# that thread's interval. On the H200's host (benchmarks/stats_overhead.py --threads, one thread running Python
+# beside them, the numpy kernels of the time: ~110 calls a state) 8 counting threads moved 0.32 GB/s at 5 ms,
+# 1.37 GB/s at 0.5 ms.
 SWITCH_INTERVAL_S = 0.0005
 
 
