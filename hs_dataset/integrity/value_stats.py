@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -93,25 +94,40 @@ class ColumnStats:
         return cls(**counts, sum=float(d["sum"]), sumsq=float(d["sumsq"]), absmax=float(d["absmax"]))
 
 
-class _Buffers(threading.local):
-    """Each thread's buffers, grown as needed up to :data:`STEP_VALUES` values: the decoded values (int32,
-    viewed as float32), the fp8 magnitude codes (uint8), comparisons (bool). Fresh memory each step would
-    cost page faults at every state."""
+@dataclass
+class _Buffers:
+    """Decode buffers of ``n`` values: the decoded values (int32, viewed as float32), the fp8 magnitude
+    codes (uint8), comparisons (bool)."""
 
-    def __init__(self) -> None:
-        self.i32 = torch.empty(0, dtype=torch.int32)
-        self.u8 = torch.empty(0, dtype=torch.uint8)
-        self.b = torch.empty(0, dtype=torch.bool)
+    i32: torch.Tensor
+    u8: torch.Tensor
+    b: torch.Tensor
+
+    @classmethod
+    def new(cls, n: int) -> "_Buffers":
+        return cls(torch.empty(n, dtype=torch.int32), torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.bool))
 
     def take(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.i32.numel() < n:
-            self.i32 = torch.empty(n, dtype=torch.int32)
-            self.u8 = torch.empty(n, dtype=torch.uint8)
-            self.b = torch.empty(n, dtype=torch.bool)
         return self.i32[:n], self.u8[:n], self.b[:n]
 
 
-_BUFFERS = _Buffers()
+_FREE: list[_Buffers] = []  # buffers of STEP_VALUES values, kept for the next state: a build's counting threads
+_FREE_LOCK = threading.Lock()  # come and go with its parts, and fresh memory costs a page fault per 4 KiB
+
+
+@contextmanager
+def _buffers(n: int) -> Iterator[_Buffers]:
+    """Buffers of at least ``n`` values (at most :data:`STEP_VALUES`), from the free list or new, then back to it."""
+    with _FREE_LOCK:
+        buf = _FREE.pop() if _FREE and _FREE[-1].i32.numel() >= n else None
+    if buf is None:
+        buf = _Buffers.new(STEP_VALUES if n <= STEP_VALUES else n)
+    try:
+        yield buf
+    finally:
+        with _FREE_LOCK:
+            if buf.i32.numel() == STEP_VALUES:
+                _FREE.append(buf)
 
 
 def _piece(H: int) -> int:
@@ -137,64 +153,74 @@ def _bf16_stats(bits: np.ndarray) -> ColumnStats:
     piece = _piece(max(bits.shape[-1], 1) if bits.ndim else 1)
     x = torch.from_numpy(flat.view(np.int16)).view(-1, piece)
     step = max(1, STEP_VALUES // piece)
-    for r0 in range(0, x.shape[0], step):
-        xs = x[r0:r0 + step]
-        i32, _, b = _BUFFERS.take(xs.numel())
-        i32, b = i32.view(xs.shape), b.view(xs.shape)
-        i32.copy_(xs)  # sign-extended: the bits in the low half
-        i32.bitwise_left_shift_(16)  # bf16 bits are the high half of the float32 with the same value
-        f = i32.view(torch.float32)
-        total, square = _row_sums(f)
-        if not np.isfinite(total).all():  # rare: count, then leave the non-finite values out
-            nan, inf = torch.isnan(f), torch.isinf(f)
-            s.nan += _count(nan)
-            s.inf += _count(inf)
-            f.masked_fill_(nan | inf, 0.0)
-            total, square = _row_sums(f)
-        s.sum += float(np.sum(total))
-        s.sumsq += float(np.sum(square))
-        lo, hi = torch.aminmax(f)
-        top = max(-float(lo), float(hi))
-        s.absmax = max(s.absmax, top)
-        if top >= FP8_MAX:
-            s.fp8_limit += _count(torch.ge(f.abs_(), FP8_MAX, out=b))  # f is not needed after this
+    with _buffers(min(x.numel(), step * piece)) as buf:
+        for r0 in range(0, x.shape[0], step):
+            _bf16_step(x[r0:r0 + step], buf, s)
     return s
+
+
+def _bf16_step(xs: torch.Tensor, buf: _Buffers, s: ColumnStats) -> None:
+    """Add rows ``xs`` (bf16 bits as int16, ``[n, piece]``) to ``s``."""
+    i32, _, b = buf.take(xs.numel())
+    i32, b = i32.view(xs.shape), b.view(xs.shape)
+    i32.copy_(xs)  # sign-extended: the bits in the low half
+    i32.bitwise_left_shift_(16)  # bf16 bits are the high half of the float32 with the same value
+    f = i32.view(torch.float32)
+    total, square = _row_sums(f)
+    if not np.isfinite(total).all():  # rare: count, then leave the non-finite values out
+        nan, inf = torch.isnan(f), torch.isinf(f)
+        s.nan += _count(nan)
+        s.inf += _count(inf)
+        f.masked_fill_(nan | inf, 0.0)
+        total, square = _row_sums(f)
+    s.sum += float(np.sum(total))
+    s.sumsq += float(np.sum(square))
+    lo, hi = torch.aminmax(f)
+    top = max(-float(lo), float(hi))
+    s.absmax = max(s.absmax, top)
+    if top >= FP8_MAX:
+        s.fp8_limit += _count(torch.ge(f.abs_(), FP8_MAX, out=b))  # f is not needed after this
 
 
 def _fp8_stats(q: np.ndarray, scale: np.ndarray) -> ColumnStats:
     T, H = q.shape
     s = ColumnStats(values=T * H)
-    piece = _piece(max(H, 1))
     codes = torch.from_numpy(np.ascontiguousarray(q))
     step = max(1, STEP_VALUES // max(H, 1))
-    for t0 in range(0, T, step):
-        qc, sc = codes[t0:t0 + step], scale[t0:t0 + step].astype(np.float64)
-        n = qc.shape[0]
-        i32, mag, b = _BUFFERS.take(n * H)
-        i32, mag, b = i32.view(n, H), mag.view(n, H), b.view(n, H)
-        torch.bitwise_and(qc, 0x7F, out=mag)  # the magnitude code
-        s.fp8_limit += _count(torch.eq(mag, _LIMIT_CODE, out=b))
-        i32.copy_(qc.view(torch.int8))  # sign-extended: the sign in bit 31
-        i32.bitwise_left_shift_(20)
-        i32.bitwise_and_(_SIGN_MAGNITUDE)  # sign | magnitude << 20: the code's value times 2^-120
-        f = i32.view(torch.float32)
-        f.mul_(_P120)  # the code's value
-        total, square = (a.reshape(n, -1).sum(1) for a in _row_sums(f.view(-1, piece)))
-        ok = np.isfinite(sc)
-        if not (np.isfinite(total).all() and ok.all()):  # rare: NaN codes, tokens whose scale is not finite
-            nan_codes = torch.eq(mag, _NAN_CODE)
-            s.nan += int(nan_codes.sum(1).numpy()[ok].sum()) + H * int(np.count_nonzero(np.isnan(sc)))
-            s.inf += H * int(np.count_nonzero(np.isinf(sc)))
-            f.masked_fill_(nan_codes, 0.0)
-            mag.masked_fill_(nan_codes, 0)
-            total, square = (a.reshape(n, -1).sum(1) for a in _row_sums(f.view(-1, piece)))
-            sc = np.where(ok, sc, 0.0)
-        s.sum += float(np.sum(total * sc))
-        s.sumsq += float(np.sum(square * (sc * sc)))
-        if n:  # each token's largest magnitude code (a magnitude grows with its code), times its scale
-            top = _FP8_MAGNITUDE[torch.amax(mag, dim=1).numpy()]
-            s.absmax = max(s.absmax, float(np.max(top * np.abs(sc))))
+    with _buffers(min(T, step) * H) as buf:
+        for t0 in range(0, T, step):
+            _fp8_step(codes[t0:t0 + step], scale[t0:t0 + step].astype(np.float64), buf, s)
     return s
+
+
+def _fp8_step(qc: torch.Tensor, sc: np.ndarray, buf: _Buffers, s: ColumnStats) -> None:
+    """Add tokens ``qc`` (fp8 e4m3 codes, uint8 ``[n, H]``) with scales ``sc`` to ``s``."""
+    n, H = qc.shape
+    piece = _piece(max(H, 1))
+    i32, mag, b = buf.take(n * H)
+    i32, mag, b = i32.view(n, H), mag.view(n, H), b.view(n, H)
+    torch.bitwise_and(qc, 0x7F, out=mag)  # the magnitude code
+    s.fp8_limit += _count(torch.eq(mag, _LIMIT_CODE, out=b))
+    i32.copy_(qc.view(torch.int8))  # sign-extended: the sign in bit 31
+    i32.bitwise_left_shift_(20)
+    i32.bitwise_and_(_SIGN_MAGNITUDE)  # sign | magnitude << 20: the code's value times 2^-120
+    f = i32.view(torch.float32)
+    f.mul_(_P120)  # the code's value
+    total, square = (a.reshape(n, -1).sum(1) for a in _row_sums(f.view(-1, piece)))
+    ok = np.isfinite(sc)
+    if not (np.isfinite(total).all() and ok.all()):  # rare: NaN codes, tokens whose scale is not finite
+        nan_codes = torch.eq(mag, _NAN_CODE)
+        s.nan += int(nan_codes.sum(1).numpy()[ok].sum()) + H * int(np.count_nonzero(np.isnan(sc)))
+        s.inf += H * int(np.count_nonzero(np.isinf(sc)))
+        f.masked_fill_(nan_codes, 0.0)
+        mag.masked_fill_(nan_codes, 0)
+        total, square = (a.reshape(n, -1).sum(1) for a in _row_sums(f.view(-1, piece)))
+        sc = np.where(ok, sc, 0.0)
+    s.sum += float(np.sum(total * sc))
+    s.sumsq += float(np.sum(square * (sc * sc)))
+    if n:  # each token's largest magnitude code (a magnitude grows with its code), times its scale
+        top = _FP8_MAGNITUDE[torch.amax(mag, dim=1).numpy()]
+        s.absmax = max(s.absmax, float(np.max(top * np.abs(sc))))
 
 
 def column_stats(row: dict[str, Any], column: str) -> ColumnStats:
