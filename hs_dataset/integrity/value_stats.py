@@ -2,11 +2,12 @@
 
 A build counts states on worker threads beside busy Python threads (its own, the ring reader), so
 what costs is not the arithmetic but each return from a call that released the GIL: the thread waits
-up to the switch interval to get it back. numpy works in chunks of cache size, ~110 such calls per
-Kimi-width state; on the H200's host 8 counting threads beside one busy thread moved 1.37 GB/s
-together, about one thread's worth (``benchmarks/stats_overhead.py --threads``). These kernels are
-torch's, a handful of calls per :data:`STEP_VALUES` values (a whole 2,048-token Kimi-width state),
-each one parallel inside torch: a state is decoded into one reused float32 buffer (bf16 bits by a
+up to the switch interval to get it back. The numpy kernels before these worked in chunks of cache
+size, ~110 such calls per Kimi-width state; on the H200's host 8 counting threads beside one busy
+thread moved 1.37 GB/s together, about one thread's worth (``benchmarks/stats_overhead.py
+--threads``). These kernels are torch's, a handful of calls per :data:`STEP_VALUES` values (a whole
+2,048-token Kimi-width state), each one parallel inside torch: a state is decoded into a reused
+float32 buffer (bf16 bits by a
 copy; fp8 e4m3 codes sign-extended to 32 bits, shifted left by 20 and masked, which is a float32
 with the code's sign, exponent and mantissa fields, the fp8 value times 2^-120 for normal and
 subnormal codes alike, then multiplied by 2^120), summed and its norm taken in rows of at most
@@ -34,7 +35,7 @@ from hs_dataset.layout import scale_column
 
 __all__ = ["STEP_VALUES", "ColumnStats", "column_stats", "saturation_limit"]
 
-STEP_VALUES = 1 << 24  # values decoded at once (a 64 MiB float32 buffer a thread)
+STEP_VALUES = 1 << 24  # values decoded at once (a 64 MiB float32 buffer for each state being counted)
 _LIMIT_CODE, _NAN_CODE = 0x7E, 0x7F  # e4m3fn magnitudes: 0x7E is 448, 0x7F is NaN
 _SIGN_MAGNITUDE = int(np.array(0x87F00000, np.uint32).view(np.int32))  # bit 31 and bits 20-26, as int32
 _P120 = 2.0 ** 120

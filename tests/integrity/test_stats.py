@@ -48,7 +48,7 @@ def test_bf16_statistics_are_those_of_the_stored_values_nonfinite_counted_apart(
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
-def test_bf16_largest_magnitude_from_the_bits_with_one_sign_or_none(sign):
+def test_bf16_largest_magnitude_and_sum_with_one_sign_or_none(sign):
     x = (states(T=20, H=64).float().abs() * sign).to(torch.bfloat16)  # all positive, all negative, all zero
     if sign == 0.0:
         x = -x  # -0.0: bits 0x8000
@@ -93,7 +93,7 @@ def test_statistics_do_not_depend_on_torchs_threads_and_barely_on_the_step(dtype
     threads = torch.get_num_threads()
     try:
         got = []
-        for n in (1, 2, 4):  # more threads than this machine's cores split nothing either
+        for n in (1, 2, 4):  # torch splits a reduction by its thread count, not by the cores
             torch.set_num_threads(n)
             got.append(_stats_of(dtype, x).to_dict())
     finally:
