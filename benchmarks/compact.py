@@ -141,6 +141,16 @@ def main() -> None:
             Path(a.json).write_text(json.dumps(res, indent=1))
 
     work = Path(a.work)
+    model = Path(a.model)
+    if not (model / "config.json").exists():  # the stand-in
+        import subprocess
+
+        subprocess.run([sys.executable, str(ROOT / ".gpu" / "make_kimi_width.py"), str(model), "--long-context"],
+                       check=True)
+    if not (model / "tokenizer_config.json").exists():  # the tiny tokenizer the builder tokenizes with
+        from hs_dataset.demo.tiny import make_tiny_tokenizer
+
+        make_tiny_tokenizer(model, template="chatml")
     res["disk_write_MBps"] = round(disk_write_rate(work / "probe") / 1e6)
     be = SGLangBackend(a.model, LAYERS, max_inflight=64,
                        engine_args={k: v for k, v in ENGINE_ARGS.items() if k != "context_length"})

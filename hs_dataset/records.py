@@ -96,6 +96,11 @@ class CaptureResult:
     nonfinite: tuple[int, ...] | None = None
     scales: torch.Tensor | None = None
     token_start: int = 0
+    # The statistics of the whole sample's stored values, float64 [len(layers) + 1, 5]
+    # (hs_dataset.codec.state_stats.FIELDS), when the backend counted them where it made the states (the SGLang
+    # plugin, on the GPU): on the sample's last piece (and its last row), zeros on the others. None: the build
+    # counts them on its host (hs_dataset.integrity.stats).
+    value_stats: torch.Tensor | None = None
     # The teacher's top-k at every position (hs_dataset.codec.teacher): ids int32 [T, k], log-probs float32
     # [T, k], logsumexp float32 [T]; None unless the build asked for it.
     teacher: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None

@@ -316,7 +316,8 @@ class ProcessBackend:
                         shape = msg[3]
                         states = payload.view(torch.bfloat16).view(shape) if payload is not None else \
                             torch.empty(shape, dtype=torch.bfloat16)
-                        yield CaptureResult(sample=s, layers=self.layers, states=states)
+                        counted = None if msg[4] is None else torch.tensor(msg[4], dtype=torch.float64)
+                        yield CaptureResult(sample=s, layers=self.layers, states=states, value_stats=counted)
                 else:
                     self._fail(f"the {self.name} backend process sent an unknown message {kind!r}")
         finally:

@@ -126,12 +126,13 @@ def _child_capture(backend, epoch: int, inbox: queue.Queue, wfd: int) -> bool:
     try:
         for item in backend.capture(samples()):
             if isinstance(item, CaptureResult):
-                st = item.states
+                st, counted = item.states, item.value_stats
                 if st.dtype != torch.bfloat16 or st.device.type != "cpu":
-                    st = st.to("cpu", torch.bfloat16)
+                    st, counted = st.to("cpu", torch.bfloat16), None  # counted of other values than these
                 st = st.contiguous()
                 raw = st.view(torch.uint8).reshape(-1).numpy()
-                _child_send(wfd, ("result", epoch, item.sample.sample_id, tuple(st.shape)), memoryview(raw.data))
+                _child_send(wfd, ("result", epoch, item.sample.sample_id, tuple(st.shape),
+                                  None if counted is None else counted.tolist()), memoryview(raw.data))
             else:
                 _child_send(wfd, ("reject", epoch, item))
         if keep_going:

@@ -133,15 +133,18 @@ def fp8_decode(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def row_pieces(result: CaptureResult, row_tokens: int) -> list[CaptureResult]:
     """``result`` cut into rows of at most ``row_tokens`` positions aligned to multiples of it (views, no
-    copy): one row for a sample that short, several for a longer one (or a piece of one)."""
+    copy): one row for a sample that short, several for a longer one (or a piece of one). The backend's
+    statistics of the sample (``value_stats``) go with the last row, zeros with the others."""
     a, n = result.token_start, result.num_positions
     if result.token_start % row_tokens == 0 and n <= row_tokens:
         return [result]
     out = []
     for lo in range(a, a + n, row_tokens):
         hi = min(a + n, (lo // row_tokens + 1) * row_tokens)
+        counted = result.value_stats
         out.append(dataclasses.replace(
             result, states=result.states[:, lo - a:hi - a], token_start=lo,
+            value_stats=counted if counted is None or hi == a + n else torch.zeros_like(counted),
             scales=None if result.scales is None else result.scales[:, lo - a:hi - a],
             teacher=None if result.teacher is None else (result.teacher[0][lo - a:hi - a],
                                                          result.teacher[1][lo - a:hi - a],

@@ -14,10 +14,12 @@ at the limit, named by its id.
 
 The values are those stored: bf16 bits as bf16, fp8 as ``code * scale`` (float32), so statistics
 recounted from the shards (:mod:`hs_dataset.integrity.scan`) equal these (up to float32 rounding on
-another machine: :data:`hs_dataset.integrity.summary.REL_TOLERANCE`). Rows are counted on
-:func:`stats_workers` worker threads (the kernels release the GIL) while the next rows are written,
-and added up in row order, so the sums do not depend on the number of workers; at most
-``workers + 2`` rows wait (what keeps the capture's memory referenced).
+another machine: :data:`hs_dataset.integrity.summary.REL_TOLERANCE`). The SGLang plugin counts them
+on the GPU where it makes the states (:mod:`hs_dataset.codec.state_stats`) and hands them over with each
+sample; rows of other backends are counted here, on :func:`stats_workers` worker threads (the kernels
+release the GIL) while the next rows are written. Either way rows are added up in row order, so the sums
+do not depend on the number of workers; at most ``workers + 2`` rows wait (what keeps the capture's memory
+referenced).
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ import concurrent.futures as cf
 import os
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hs_dataset.integrity.value_stats import ColumnStats, column_stats, saturation_limit
 from hs_dataset.prepare.duplicates import token_digests
 
-__all__ = ["LENGTH_BINS", "PartStatistics", "RowStats", "StatsCollector", "row_stats", "stats_workers"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["LENGTH_BINS", "PartStatistics", "RowStats", "StatsCollector", "given_row_stats", "row_stats",
+           "stats_workers"]
 
 LENGTH_BINS = 32
 
@@ -98,6 +104,17 @@ def row_stats(row: dict[str, Any], columns: list[str]) -> RowStats:
                     {c: column_stats(row, c) for c in columns}, bool(np.asarray(row[columns[0]]).dtype == np.uint8))
 
 
+def given_row_stats(row: dict[str, Any], columns: list[str], counted: "torch.Tensor") -> RowStats:
+    """One encoded row's statistics from what the backend counted (``counted``: float64 ``[states, 5]``,
+    the stored columns first)."""
+    ids, mask = np.asarray(row["input_ids"]), np.asarray(row["loss_mask"])
+    values = counted.tolist()
+    cols = {c: ColumnStats(values=int(v[0]), sum=v[1], sumsq=v[2], absmax=v[3], fp8_limit=int(v[4]))
+            for c, v in zip(columns, values)}
+    return RowStats(str(row["id"]), int(ids.shape[0]), int(mask.sum(dtype=np.int64)), token_digests(ids, mask), cols,
+                    bool(np.asarray(row[columns[0]]).dtype == np.uint8))
+
+
 class StatsCollector:
     """A part's statistics, row by row, counted on worker threads and added in row order.
 
@@ -119,12 +136,23 @@ class StatsCollector:
         self._pending: deque[cf.Future] = deque()
         self._most = n + 2  # rows waiting: what they reference (the capture's memory) stays held
 
-    def add(self, row: dict[str, Any]) -> None:
-        """Count one encoded row (read, never changed; it stays referenced until counted)."""
-        if self._pool is None:
+    def add(self, row: dict[str, Any], counted: "torch.Tensor | None" = None) -> None:
+        """Add one encoded row (read, never changed; it stays referenced until counted).
+
+        Args:
+            counted: the statistics of its stored values, when the backend counted them (float64
+                ``[states, 5]``, :mod:`hs_dataset.codec.state_stats`, the states in storage order; see
+                :attr:`hs_dataset.records.CaptureResult.value_stats`). None: counted here.
+        """
+        if counted is not None:
+            done: cf.Future = cf.Future()
+            done.set_result(given_row_stats(row, self.columns, counted))
+            self._pending.append(done)
+        elif self._pool is None:
             self._merge(row_stats(row, self.columns))
             return
-        self._pending.append(self._pool.submit(row_stats, row, self.columns))
+        else:
+            self._pending.append(self._pool.submit(row_stats, row, self.columns))
         while len(self._pending) > self._most or (self._pending and self._pending[0].done()):
             self._merge(self._pending.popleft().result())  # in row order; a worker's error is raised here
 

@@ -197,8 +197,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                     del item  # the loop variable would keep the piece's ring rows while the next one is awaited
                     continue
                 try:
-                    rows = [encode_row(p, cfg.storage_dtype, long_rows=long_rows, store_final=cfg.store_final,
-                                       teacher=teacher) for p in row_pieces(item, R)]
+                    rows = [(encode_row(p, cfg.storage_dtype, long_rows=long_rows, store_final=cfg.store_final,
+                                        teacher=teacher), p.value_stats) for p in row_pieces(item, R)]
                 except SampleError as e:
                     if cfg.on_nonfinite == "fail" and e.field in cols:
                         raise NonFiniteError(
@@ -218,8 +218,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 n_rows = len(rows)
                 self.counts.rows_written += n_rows
                 while rows:  # each row's dict dropped once written (and counted): it views the ring
-                    row = rows.pop(0)
-                    stats.add(row)  # on its worker thread, while the row is written
+                    row, counted = rows.pop(0)
+                    stats.add(row, counted)  # counted by the backend, or on a worker thread while the row is written
                     table = row_table(row, schema)
                     if self._on_table is not None:
                         self._on_table(i, sid, table)

@@ -239,6 +239,7 @@ def test_build_with_sglang_backend_loads_with_load_dataset(models, tmp_path):
     from hs_dataset.write.driver import build
     from hs_dataset.config import HiddenStatesConfig
     from hs_dataset.demo.tiny import make_tiny_tokenizer
+    from hs_dataset.integrity.verify import verify_build
     from hs_dataset.read.iterate import iter_torch
 
     make_tiny_tokenizer(models["llama"], template="chatml")
@@ -256,6 +257,8 @@ def test_build_with_sglang_backend_loads_with_load_dataset(models, tmp_path):
     assert ds.num_rows == s.counts.written
     first = next(iter_torch(ds))
     assert first["hidden_layer_1"].dtype == torch.bfloat16
+    report = verify_build(tmp_path / "out", stats=True)  # the statistics counted on the GPU equal a recount
+    assert report.ok, report.message()
     assert first["hidden_final"].shape == (int(first["input_ids"].shape[0]), 512)
 
 
@@ -324,6 +327,32 @@ def test_fp8_quantized_on_the_gpu_equals_the_cpu_encoder(models):
     for (q, sc_, _), (bits, scales, nonfinite) in zip(ref, got):
         assert bits.dtype == torch.uint8 and scales.dtype == torch.float32 and nonfinite == (0, 0, 0)
         assert torch.equal(bits, q) and torch.equal(scales, sc_)
+
+
+def test_statistics_counted_on_the_gpu_equal_the_hosts_count(models):
+    """The plugin counts each request's value statistics on the GPU, over chunked-prefill passes of mixed
+    requests (hs_dataset.codec.state_stats): they equal what the build's host counts from the stored values,
+    bf16 and fp8."""
+    from hs_dataset.capture.sglang.backend import SGLangBackend
+    from tests.codec.test_state_stats import as_column, assert_same, host
+
+    samples = mixed_samples(24, seed=5)
+    be = SGLangBackend(models["dsv3"], LAYERS["dsv3"], chunked_prefill_size=64, max_inflight=16, ring_bytes=RING,
+                       engine_args=ENGINE_ARGS)
+    checked = 0
+    try:
+        for encoding in ("bfloat16", "fp8_e4m3"):
+            for r in be.capture(samples, encoding=encoding):
+                assert r.value_stats is not None and r.value_stats.shape[0] == r.states.shape[0]
+                for j in range(r.states.shape[0]):
+                    want = host(r.states[j]) if r.scales is None else host(r.states[j], r.scales[j])
+                    assert_same(as_column(r.value_stats[j]), want)
+                    checked += 1
+    finally:
+        be.close()
+    _report["gpu_statistics"] = {"states_checked": checked}
+    _dump()
+    assert checked == 2 * len(samples) * (len(LAYERS["dsv3"]) + 1)
 
 
 def _free_port() -> int:

@@ -17,7 +17,10 @@ import urllib.error
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+import torch
+
 from hs_dataset.capture.base import BackendItem
+from hs_dataset.codec.state_stats import FIELDS as STAT_FIELDS
 from hs_dataset.capture.transport import ENCODINGS, Lease, Ring, region_bytes
 from hs_dataset.errors import BackendError, RequestError, TransportError
 from hs_dataset.layout import StorageDtype
@@ -271,7 +274,9 @@ class RingClient:
             seen = ring.nonfinite(lease)
             yield CaptureResult(sample=s, layers=self.layers, states=states, scales=scales, token_start=a,
                                 teacher=ring.teacher(lease, a, b) if lease.info.teacher_k else None,
-                                nonfinite=seen if not any(seen) else None)
+                                nonfinite=seen if not any(seen) else None,
+                                value_stats=_counted(ring, lease) if b == T else  # the whole sample's, on its last piece
+                                torch.zeros((lease.info.n_states, len(STAT_FIELDS)), dtype=torch.float64))
             del states, scales
         reject = self._outcome(s, lease, w.fut)
         if reject is not None:  # every position arrived, but the request ended badly: the sample is rejected
@@ -323,5 +328,15 @@ class RingClient:
         states, scales = ring.views(lease)
         return CaptureResult(sample=s, layers=self.layers, states=states, scales=scales,
                              teacher=ring.teacher(lease) if lease.info.teacher_k else None,
-                             nonfinite=ring.nonfinite(lease))
+                             nonfinite=ring.nonfinite(lease), value_stats=_counted(ring, lease))
 
+
+def _counted(ring: Ring, lease: Lease) -> torch.Tensor:
+    """The statistics the producer counted over every position of the request (checked: all of them)."""
+    counted = ring.value_stats(lease)
+    values = lease.info.num_tokens * lease.info.hidden
+    if not bool((counted[:, 0] == values).all()):
+        raise BackendError(f"the capture plugin counted {counted[:, 0].tolist()} values per state for request seq "
+                           f"{lease.seq}, which stores {values:,}: the SGLang server runs another hs_dataset version "
+                           "than this build (install the same one on both sides)")
+    return counted

@@ -3,11 +3,13 @@
 For a pass that holds requests of ours (:mod:`hs_dataset.capture.sglang.plugin` wires the hooks), TP
 rank 0 splits the batch by request (``extend_seq_lens_cpu``, start positions
 ``extend_prefix_lens_cpu``) and, on a side stream, counts NaN/Inf per request and state, quantizes to
-fp8 when the request's ring slot asks for it (:func:`hs_dataset.codec.fp8.fp8_quantize`), and copies
+fp8 when the request's ring slot asks for it (:func:`hs_dataset.codec.fp8.fp8_quantize`), counts the
+statistics of the values each request stores (:mod:`hs_dataset.codec.state_stats`), and copies
 each request's rows straight into its region of the builder's shared-memory ring
 (:mod:`hs_dataset.capture.transport`), registered as pinned memory. A completion thread
-(:class:`Completer`) waits for the copies and marks the rows done, beats the rings' heartbeats, drops
-the rings of builders that are gone, and keeps running totals in ``plugin-stats.json``.
+(:class:`Completer`) waits for the copies, adds each pass's statistics to its requests' and marks the
+rows done, beats the rings' heartbeats, drops the rings of builders that are gone, and keeps running
+totals in ``plugin-stats.json``.
 
 Imports torch and the transport only (it runs in SGLang's scheduler process).
 """
@@ -28,6 +30,7 @@ import torch
 
 from hs_dataset.capture.transport import ENCODINGS, PLUGIN_STATS, RingWriter, parse_rid, request_spans
 from hs_dataset.codec.fp8 import fp8_quantize
+from hs_dataset.codec.state_stats import span_stats, token_stats
 from hs_dataset.codec.teacher import teacher_topk
 from hs_dataset.errors import RequestError, TransportError
 
@@ -160,6 +163,14 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
         counts.copy_(cs[:, bounds[k:]] - cs[:, bounds[:k]], non_blocking=True)
         fp8: Any = [fp8_quantize(st) for st in states] if any(
             info.encoding == ENCODINGS["fp8_e4m3"] for _, info, _, _, _ in todo) else None
+        # The statistics of the values each request stores (hs_dataset.codec.state_stats): per token here, added
+        # up per request on the completion thread
+        per_token = {}
+        for enc in {info.encoding for _, info, _, _, _ in todo}:
+            pt = torch.stack([token_stats(st.to(torch.bfloat16)) if enc == ENCODINGS["bfloat16"]
+                              else token_stats(*fp8[j]) for j, st in enumerate(states)])
+            per_token[enc] = torch.empty(pt.shape, dtype=torch.float64, pin_memory=True)
+            per_token[enc].copy_(pt, non_blocking=True)
         teachers = {}
         for ring, info, off, start, n in todo:
             if info.teacher_k:
@@ -190,7 +201,8 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
     with S.lock:
         for ring, *_ in todo:
             ring.pending += 1
-    S.completer.put((done, counts, [(ring, info.seq, n) for ring, info, _, _, n in todo]))
+    S.completer.put((done, counts, per_token,
+                     [(ring, info.seq, n, info.encoding, off) for ring, info, off, _, n in todo]))
     st = S.completer.stats
     st["passes"] += 1
     st["rows"] += sum(n for *_, n in todo)
@@ -245,20 +257,20 @@ class Completer:
                 self._complete(*job)
             self._housekeeping()
 
-    def _complete(self, done, counts, items) -> None:
+    def _complete(self, done, counts, per_token, items) -> None:
         t0 = time.perf_counter()
         try:
             done.synchronize()
             self.stats["copy_wait_s"] += time.perf_counter() - t0
             per_state = counts.tolist()
-            for i, (ring, seq, n) in enumerate(items):
-                ring.complete(seq, n, [row[i] for row in per_state])
+            for i, (ring, seq, n, encoding, off) in enumerate(items):
+                ring.complete(seq, n, [row[i] for row in per_state], span_stats(per_token[encoding], [(off, n)])[:, 0])
         except BaseException:
-            for ring, seq, _ in items:
+            for ring, seq, *_ in items:
                 ring.fail(seq, "hs_dataset capture failed in the SGLang scheduler:\n" + traceback.format_exc()[-300:])
         finally:
             with S.lock:
-                for ring, _, _ in items:
+                for ring, *_ in items:
                     ring.pending -= 1
 
     def _housekeeping(self) -> None:

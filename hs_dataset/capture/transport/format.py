@@ -8,6 +8,8 @@ import mmap
 import struct
 from dataclasses import dataclass
 
+from hs_dataset.codec.state_stats import FIELDS as STAT_FIELDS
+
 __all__ = ["DEFAULT_RING_BYTES", "ENCODINGS", "ENV", "MANIFEST", "OWNER_LOCK", "PLUGIN_ERROR", "PLUGIN_STATS", "SCHEDULER_ERROR",
            "PRIVATE_DIR_PREFIX",
            "RING_PREFIX", "SlotInfo", "parse_rid", "region_bytes", "request_spans"]
@@ -23,7 +25,7 @@ OWNER_LOCK = "owner.lock"
 
 ENCODINGS = {"bfloat16": 0, "fp8_e4m3": 1}
 _ENCODING_NAMES = {v: k for k, v in ENCODINGS.items()}
-_MAGIC = b"HSRING01"
+_MAGIC = b"HSRING02"  # 02: a region ends with its request's value statistics
 _HEADER_BYTES = 4096
 _SLOT_BYTES = 512
 _MAX_STATES = 16
@@ -64,11 +66,19 @@ def _state_bytes(rows: int, n_states: int, hidden: int, encoding: int) -> int:
     return _align(n_states * rows * hidden, 16) + n_states * rows * 4
 
 
+_STATS_FIELDS = len(STAT_FIELDS)  # float64 per state
+
+
+def _teacher_bytes(rows: int, teacher_k: int) -> int:
+    return _align(rows * (teacher_k * 8 + 4), 16) if teacher_k else 0
+
+
 def region_bytes(num_tokens: int, n_states: int, hidden: int, encoding: int, teacher_k: int = 0) -> int:
-    """Bytes of one request's region: the states, for fp8 their per-token scales, and with a teacher its
-    top-``teacher_k`` ids (int32) and log-probs (float32) and the logsumexp (float32) of every position."""
+    """Bytes of one request's region: the states, for fp8 their per-token scales, with a teacher its
+    top-``teacher_k`` ids (int32) and log-probs (float32) and the logsumexp (float32) of every position, and
+    last the request's value statistics (float64 per state, :mod:`hs_dataset.codec.state_stats`)."""
     base = _align(_state_bytes(num_tokens, n_states, hidden, encoding), 16)
-    return base + (num_tokens * (teacher_k * 8 + 4) if teacher_k else 0)
+    return base + _teacher_bytes(num_tokens, teacher_k) + n_states * _STATS_FIELDS * 8
 
 
 def parse_rid(rid: str, prefix: str) -> tuple[str, int] | None:
@@ -139,6 +149,15 @@ class SlotInfo:
         base = self.offset + _align(_state_bytes(self.rows, self.n_states, self.hidden, self.encoding), 16)
         p, k = start % self.rows, self.teacher_k
         return (base + p * k * 4, base + self.rows * k * 4 + p * k * 4, base + 2 * self.rows * k * 4 + p * 4)
+
+    def stats_offset(self) -> int:
+        """Where the request's value statistics live: float64 ``[n_states, 5]``, added up over its passes."""
+        return (self.offset + _align(_state_bytes(self.rows, self.n_states, self.hidden, self.encoding), 16)
+                + _teacher_bytes(self.rows, self.teacher_k))
+
+    @property
+    def stats_bytes(self) -> int:
+        return self.n_states * _STATS_FIELDS * 8
 
     def pieces(self, start: int, n: int) -> list[tuple[int, int]]:
         """Positions ``[start, start + n)`` as ``(position, length)`` pieces that do not wrap the window."""

@@ -184,6 +184,8 @@ class Ring:
         _put(mm, _S_ENCODING, enc, base)
         _put(mm, _S_WINDOW, lease.info.window, base)
         _put(mm, _S_TEACHER, teacher_k, base)
+        a = self.data_offset + lease.info.stats_offset()
+        mm[a:a + lease.info.stats_bytes] = bytes(lease.info.stats_bytes)  # the producer adds each pass's to these
         _put(mm, _S_STATE, _RESERVED, base)  # last: the slot is valid
         return lease
 
@@ -253,6 +255,13 @@ class Ring:
         base = self._slot(lease.seq) + _S_NONFINITE
         return struct.unpack_from(f"<{lease.info.n_states}I", self._mm, base)
 
+    def value_stats(self, lease: Lease) -> torch.Tensor:
+        """The statistics of the request's stored values (float64 ``[n_states, 5]``,
+        :mod:`hs_dataset.codec.state_stats`), added up by the producer over every position that arrived."""
+        i = lease.info
+        a = self.data_offset + i.stats_offset()
+        return torch.frombuffer(bytearray(self._mm[a:a + i.stats_bytes]), dtype=torch.float64).view(i.n_states, -1)
+
     def views(self, lease: Lease, start: int = 0, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The request's states at positions ``[start, stop)`` (bf16 ``[n, k, H]`` or fp8 bits
         ``uint8 [n, k, H]``) and, for fp8, their float32 scales ``[n, k]``, as views of the ring.
@@ -279,7 +288,8 @@ class Ring:
         lo = start % R  # a windowed region wraps; a whole one holds position p at row p
         hi = lo + stop - start
         if i.encoding == ENCODINGS["bfloat16"]:
-            states, scales = base.view(torch.bfloat16).view(i.n_states, R, i.hidden)[:, lo:hi], None
+            states, scales = base[:i.n_states * R * i.hidden * 2].view(torch.bfloat16).view(i.n_states, R, i.hidden)[
+                :, lo:hi], None
         else:
             states = base[:i.n_states * R * i.hidden].view(i.n_states, R, i.hidden)[:, lo:hi]
             at = i.scale_offset(0) - i.offset

@@ -16,6 +16,7 @@ from hs_dataset.capture.transport.format import (_FAILED, _H_ATTACHED, _H_BEAT, 
                                                  _S_ROWS, _S_SEQ, _S_STATE, _S_TEACHER, _S_TOKENS, _S_WINDOW,
                                                  _SLOT_BYTES, ENCODINGS, ENV, POLL_MAX_S, RING_PREFIX, SlotInfo, _get,
                                                  _locked_by_someone, _map, _put)
+from hs_dataset.codec.state_stats import add_stats
 from hs_dataset.errors import RequestError, TransportError
 
 __all__ = ["RingWriter"]
@@ -115,12 +116,22 @@ class RingWriter:
         a = self.data_offset + info.scale_offset(j, start)
         return self.bytes[a:a + n * 4].view(torch.float32)
 
-    def complete(self, seq: int, rows: int, nonfinite: list[int] | tuple[int, ...]) -> None:
-        """A chunk of ``rows`` rows of ``seq`` is in the ring (its copy finished): add its counts, rows last."""
+    def complete(self, seq: int, rows: int, nonfinite: list[int] | tuple[int, ...],
+                 stats: torch.Tensor | None = None) -> None:
+        """A chunk of ``rows`` rows of ``seq`` is in the ring (its copy finished): add its NaN/Inf counts and
+        its value statistics (float64 ``[n_states, 5]``, :func:`hs_dataset.codec.state_stats.token_stats`
+        added up over the chunk), rows last."""
         base = _HEADER_BYTES + (seq % self.n_slots) * _SLOT_BYTES
         mm = self.mm
         if _get(mm, _S_SEQ, base) != seq:
             return  # the consumer gave the slot away (the request was abandoned)
+        if stats is not None:
+            try:
+                info = self.slot(seq)
+            except RequestError:
+                return  # failed: its rows and statistics are not read
+            a = self.data_offset + info.stats_offset()
+            add_stats(self.bytes[a:a + info.stats_bytes].view(torch.float64).view(info.n_states, -1), stats)
         for j, k in enumerate(nonfinite):
             if k:
                 f = (_S_NONFINITE + 4 * j, "<I")
