@@ -21,6 +21,11 @@ released the GIL waits up to the switch interval while a busy thread runs: on th
 (2026-12-03) the numpy kernels of the time (~110 calls a Kimi-width state) gave 1.37 GB/s on 8 threads
 beside one busy thread at 0.5 ms, 0.32 GB/s at 5 ms.
 
+``--gpu`` times instead what the SGLang plugin counts on the GPU per prefill pass
+(``hs_dataset.codec.state_stats``): ``token_stats`` of 4 states x ``--pass-tokens`` x 7168 as bf16 and as fp8
+codes + scales, against a device copy of the same bytes (the least a pass over them costs), and the
+completion thread's ``span_stats`` of the pass's 8 requests on the CPU.
+
     python benchmarks/stats_overhead.py --json benchmarks/results/<date>-<machine>-stats.json
     python benchmarks/stats_overhead.py --threads 1,2,8 --switch-ms 5,0.5 --busy 1
 """
@@ -116,6 +121,45 @@ def threaded(threads: int, chunk: int, switch_s: float, busy: int, rows: int) ->
     return threads * rows * sum(x.nbytes for x in row_bytes(data[0])) / dt / 1e9
 
 
+def gpu(a: argparse.Namespace) -> None:
+    """What the plugin counts per pass on the GPU (see the module docstring), best of ``--reps``, in ms."""
+    from hs_dataset.codec.fp8 import fp8_quantize
+    from hs_dataset.codec.state_stats import span_stats, token_stats
+
+    def timed(fn) -> float:
+        best_ms = float("inf")
+        for _ in range(a.reps + 1):  # the first warms the kernels and the allocator
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            best_ms = min(best_ms, start.elapsed_time(end))
+        return best_ms
+
+    T = a.pass_tokens
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn((STATES, T, HIDDEN), device="cuda", generator=g) * 2
+    x[..., :3] *= 4000  # outlier channels
+    x = x.to(torch.bfloat16)
+    q = [fp8_quantize(st) for st in x]
+    dst = torch.empty_like(x)
+    res: dict = {"gpu": torch.cuda.get_device_name(), "states": STATES, "pass_tokens": T, "hidden": HIDDEN,
+                 "reps": a.reps, "copy_ms": round(timed(lambda: dst.copy_(x)), 3),
+                 "token_stats_bf16_ms": round(timed(lambda: [token_stats(st) for st in x]), 3),
+                 "token_stats_fp8_ms": round(timed(lambda: [token_stats(c, sc) for c, sc in q]), 3)}
+    per_token = torch.stack([token_stats(st) for st in x]).cpu()
+    spans = [(i * (T // 8), T // 8) for i in range(8)]
+    t = time.perf_counter()
+    for _ in range(a.reps):
+        for sp in spans:
+            span_stats(per_token, [sp])
+    res["span_stats_cpu_ms_per_pass"] = round((time.perf_counter() - t) / a.reps * 1e3, 3)
+    print(json.dumps(res), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
@@ -126,7 +170,12 @@ def main() -> None:
     ap.add_argument("--switch-ms", default="5", help="GIL switch intervals, comma separated")
     ap.add_argument("--busy", type=int, default=0, help="threads running Python code beside the counting ones")
     ap.add_argument("--rows", type=int, default=4, help="rows each counting thread counts")
+    ap.add_argument("--gpu", action="store_true", help="the plugin's per-token statistics on the GPU instead")
+    ap.add_argument("--pass-tokens", type=int, default=16384, help="with --gpu: tokens of a prefill pass")
     a = ap.parse_args()
+    if a.gpu:
+        gpu(a)
+        return
     res: dict = {"hidden": HIDDEN, "tokens": TOKENS, "states": STATES, "cpus": os.cpu_count(),
                  "stats_workers": stats_workers(), "torch_threads": torch.get_num_threads(), "reps": a.reps}
     for dtype in ("bfloat16", "fp8_e4m3"):
