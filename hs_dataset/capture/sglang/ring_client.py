@@ -20,8 +20,8 @@ from typing import Iterable, Iterator
 import torch
 
 from hs_dataset.capture.base import BackendItem
-from hs_dataset.codec.state_stats import FIELDS as STAT_FIELDS
 from hs_dataset.capture.transport import ENCODINGS, Lease, Ring, region_bytes
+from hs_dataset.codec.state_stats import FIELDS as STAT_FIELDS
 from hs_dataset.errors import BackendError, RequestError, TransportError
 from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo
