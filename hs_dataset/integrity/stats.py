@@ -38,8 +38,7 @@ from hs_dataset.prepare.duplicates import token_digests
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LENGTH_BINS", "PartStatistics", "RowStats", "StatsCollector", "given_row_stats", "row_stats",
-           "stats_workers"]
+__all__ = ["LENGTH_BINS", "PartStatistics", "RowStats", "StatsCollector", "row_stats", "stats_workers"]
 
 LENGTH_BINS = 32
 
@@ -97,20 +96,16 @@ class RowStats:
     fp8: bool  # the states are fp8 codes
 
 
-def row_stats(row: dict[str, Any], columns: list[str]) -> RowStats:
-    """The statistics of one encoded row (or one read back from a shard)."""
-    ids, mask = np.asarray(row["input_ids"]), np.asarray(row["loss_mask"])
-    return RowStats(str(row["id"]), int(ids.shape[0]), int(mask.sum(dtype=np.int64)), token_digests(ids, mask),
-                    {c: column_stats(row, c) for c in columns}, bool(np.asarray(row[columns[0]]).dtype == np.uint8))
-
-
-def given_row_stats(row: dict[str, Any], columns: list[str], counted: "torch.Tensor") -> RowStats:
-    """One encoded row's statistics from what the backend counted (``counted``: float64 ``[states, 5]``,
+def row_stats(row: dict[str, Any], columns: list[str], counted: "torch.Tensor | None" = None) -> RowStats:
+    """The statistics of one encoded row (or one read back from a shard): its values counted here, or taken
+    from ``counted``, what the backend counted (float64 ``[states, 5]``, :mod:`hs_dataset.codec.state_stats`,
     the stored columns first)."""
     ids, mask = np.asarray(row["input_ids"]), np.asarray(row["loss_mask"])
-    values = counted.tolist()
-    cols = {c: ColumnStats(values=int(v[0]), sum=v[1], sumsq=v[2], absmax=v[3], fp8_limit=int(v[4]))
-            for c, v in zip(columns, values)}
+    if counted is None:
+        cols = {c: column_stats(row, c) for c in columns}
+    else:
+        cols = {c: ColumnStats(values=int(v[0]), sum=v[1], sumsq=v[2], absmax=v[3], fp8_limit=int(v[4]))
+                for c, v in zip(columns, counted.tolist())}
     return RowStats(str(row["id"]), int(ids.shape[0]), int(mask.sum(dtype=np.int64)), token_digests(ids, mask), cols,
                     bool(np.asarray(row[columns[0]]).dtype == np.uint8))
 
@@ -146,7 +141,7 @@ class StatsCollector:
         """
         if counted is not None:
             done: cf.Future = cf.Future()
-            done.set_result(given_row_stats(row, self.columns, counted))
+            done.set_result(row_stats(row, self.columns, counted))
             self._pending.append(done)
         elif self._pool is None:
             self._merge(row_stats(row, self.columns))

@@ -10,8 +10,8 @@ thread moved 1.37 GB/s together, about one thread's worth (``benchmarks/stats_ov
 float32 buffer (bf16 bits by a copy; fp8 e4m3 codes sign-extended to 32 bits, shifted left by 20 and
 masked, which is a float32 with the code's sign, exponent and mantissa fields, the fp8 value times
 2^-120 for normal and subnormal codes alike, then multiplied by 2^120), summed and its norm taken in
-rows of at most 8,192 values, its extremes found. Every row is reduced by one thread (torch splits a reduction across
-threads only above 32,768 values), and rows are added up in float64 by numpy, so the sums are the
+rows of at most 8,192 values, its extremes found. Every row is reduced by one thread (torch splits a
+reduction across threads only above 32,768 values), and rows are added up in float64 by numpy, so the sums are the
 same however many threads a process has (a build split over workers gives a single-worker build's
 statistics, bit for bit). An fp8 token's scale enters its sums in float64. Non-finite values (bf16
 NaN/Inf, the fp8 NaN codes 0x7F/0xFF, a token whose scale is not finite) are counted and left out of

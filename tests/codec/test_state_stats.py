@@ -14,7 +14,7 @@ import torch
 from hs_dataset.codec.fp8 import fp8_quantize
 from hs_dataset.codec.state_stats import FIELDS, add_stats, span_stats, token_stats
 from hs_dataset.errors import BackendError
-from hs_dataset.integrity.stats import given_row_stats
+from hs_dataset.integrity.stats import row_stats
 from hs_dataset.integrity.summary import REL_TOLERANCE
 from hs_dataset.integrity.value_stats import ColumnStats, column_stats
 from hs_dataset.records import TokenizedSample
@@ -38,8 +38,8 @@ def host(x: torch.Tensor, scales: torch.Tensor | None = None) -> ColumnStats:
 
 
 def as_column(v: torch.Tensor) -> ColumnStats:
-    return given_row_stats({"id": "x", "input_ids": [1], "loss_mask": [1], "h": np.zeros(1, np.uint16)},
-                           ["h"], v[None]).columns["h"]
+    return row_stats({"id": "x", "input_ids": [1], "loss_mask": [1], "h": np.zeros(1, np.uint16)}, ["h"],
+                     v[None]).columns["h"]
 
 
 def assert_same(got: ColumnStats, want: ColumnStats) -> None:
