@@ -21,10 +21,12 @@ released the GIL waits up to the switch interval while a busy thread runs: on th
 (2026-12-03) the numpy kernels of the time (~110 calls a Kimi-width state) gave 1.37 GB/s on 8 threads
 beside one busy thread at 0.5 ms, 0.32 GB/s at 5 ms.
 
-``--gpu`` times instead what the SGLang plugin counts on the GPU per prefill pass
-(``hs_dataset.codec.state_stats``): ``token_stats`` of 4 states x ``--pass-tokens`` x 7168 as bf16 and as fp8
-codes + scales, against a device copy of the same bytes (the least a pass over them costs), and the
-completion thread's ``span_stats`` of the pass's 8 requests on the CPU.
+``--gpu`` times instead what the SGLang plugin reads on the GPU per prefill pass
+(``hs_dataset.codec.state_scan.scan_state`` of 4 states x ``--pass-tokens`` x 7168: NaN/Inf, statistics, and
+with fp8 the quantization): the Triton kernel the plugin runs, and the PyTorch path (``kernel=False``: the
+plugin's form before it, and the kernel's reference), each bf16 only and with fp8, against a device copy of
+the same bytes (the least a pass over them costs), and the completion thread's ``span_stats`` of the pass's
+8 requests on the CPU.
 
     python benchmarks/stats_overhead.py --json benchmarks/results/<date>-<machine>-stats.json
     python benchmarks/stats_overhead.py --threads 1,2,8 --switch-ms 5,0.5 --busy 1
@@ -123,7 +125,7 @@ def threaded(threads: int, chunk: int, switch_s: float, busy: int, rows: int) ->
 
 def gpu(a: argparse.Namespace) -> None:
     """What the plugin counts per pass on the GPU (see the module docstring), best of ``--reps``, in ms."""
-    from hs_dataset.codec.fp8 import fp8_quantize
+    from hs_dataset.codec.state_scan import scan_state
     from hs_dataset.codec.state_stats import span_stats, token_stats
 
     def timed(fn) -> float:
@@ -142,12 +144,13 @@ def gpu(a: argparse.Namespace) -> None:
     x = torch.randn((STATES, T, HIDDEN), device="cuda", generator=g) * 2
     x[..., :3] *= 4000  # outlier channels
     x = x.to(torch.bfloat16)
-    q = [fp8_quantize(st) for st in x]
     dst = torch.empty_like(x)
     res: dict = {"gpu": torch.cuda.get_device_name(), "states": STATES, "pass_tokens": T, "hidden": HIDDEN,
-                 "reps": a.reps, "copy_ms": round(timed(lambda: dst.copy_(x)), 3),
-                 "token_stats_bf16_ms": round(timed(lambda: [token_stats(st) for st in x]), 3),
-                 "token_stats_fp8_ms": round(timed(lambda: [token_stats(c, sc) for c, sc in q]), 3)}
+                 "reps": a.reps, "copy_ms": round(timed(lambda: dst.copy_(x)), 3)}
+    for kernel in (True, False):
+        for fp8 in (False, True):
+            res[f"scan_{'kernel' if kernel else 'pytorch'}_{'fp8' if fp8 else 'bf16'}_ms"] = round(
+                timed(lambda: [scan_state(st, fp8=fp8, kernel=kernel) for st in x]), 3)
     per_token = torch.stack([token_stats(st) for st in x]).cpu()
     spans = [(i * (T // 8), T // 8) for i in range(8)]
     t = time.perf_counter()

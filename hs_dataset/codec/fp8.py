@@ -2,9 +2,10 @@
 
 Each token of each state gets its own scale: ``scale = max(amax, 1e-12) * (1/448)`` (448 is the
 largest finite float8 e4m3fn value, as in vLLM speculators' hidden-state connectors), and the values
-are stored as ``float8_e4m3fn(x / scale)``. The SGLang plugin runs :func:`fp8_quantize` on the GPU
-(so fp8 moves half the bytes over PCIe, through the ring and to disk); the encode stage runs the
-same function on the CPU for backends that deliver bf16. Every step is an IEEE float32 operation
+are stored as ``float8_e4m3fn(x / scale)``. The SGLang plugin quantizes on the GPU (so fp8 moves half
+the bytes over PCIe, through the ring and to disk), in the Triton kernel of
+:mod:`hs_dataset.codec.state_scan_triton`, which makes the same bits as :func:`fp8_quantize`; the encode
+stage runs this function on the CPU for backends that deliver bf16. Every step is an IEEE float32 operation
 with round-to-nearest (abs, max, a multiplication by the float32 constant 1/448, a tensor division,
 the fp8 cast), so both devices give the same bits; the GPU test pins it. (A division by the Python
 scalar 448 would not: PyTorch's CUDA kernel turns it into a multiplication by its reciprocal, the

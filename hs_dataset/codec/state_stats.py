@@ -5,8 +5,9 @@ magnitude and the values at the float8 e4m3 limit (:class:`hs_dataset.integrity.
 Counted on the builder's host, these cost more than writing the rows: on the H200's host at Kimi width the
 counting threads held a build into /dev/shm to 0.42x of the engine's prefill (they wait for the GIL
 between kernel calls while the build's own threads run Python). The plugin already reads every state on
-the GPU (NaN/Inf counts, fp8 quantization), so it counts these there too, a few reductions per pass, and
-hands each request's totals to the builder with its rows.
+the GPU (NaN/Inf counts, fp8 quantization), so it counts these there too, in the same read
+(:func:`hs_dataset.codec.state_scan.scan_state`, a Triton kernel; :func:`token_stats` here is its PyTorch
+form, for the CPU and as the reference), and hands each request's totals to the builder with its rows.
 
 The values counted are those stored, as :mod:`hs_dataset.integrity.value_stats` counts them from a shard:
 bf16 values as bf16; fp8 as ``code * scale``, each token's scale applied in float64. Per token, the sums are

@@ -44,6 +44,7 @@ import torch
 from hs_dataset.capture.sglang.ring_copy import Completer, S, atomic_json, copy_pass, ring_of
 from hs_dataset.capture.sglang.versions import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
 from hs_dataset.capture.transport import ENV, MANIFEST, PLUGIN_ERROR, SCHEDULER_ERROR
+from hs_dataset.codec.state_scan import warm_up
 
 __all__ = ["register"]
 
@@ -191,6 +192,8 @@ def _after_load_model(result, runner, *args, **kwargs):
             atomic_json(Path(cfg["dir"], f"plugin-rank-{tp_rank}.json"), {"pid": os.getpid(), "tp_rank": tp_rank})
             return None
         S.side_stream = torch.cuda.Stream()
+        # Triton compiles the state scan's kernels on first use (seconds): now, not in a build's first pass
+        warm_up(int(text.config.hidden_size), getattr(runner, "dtype", torch.bfloat16))
         S.completer = Completer(cfg["dir"])
         if cfg.get("ring"):
             ring_of(cfg["ring"])  # the in-process builder's ring: mapped now, before the first request

@@ -2,11 +2,12 @@
 
 For a pass that holds requests of ours (:mod:`hs_dataset.capture.sglang.plugin` wires the hooks), TP
 rank 0 splits the batch by request (``extend_seq_lens_cpu``, start positions
-``extend_prefix_lens_cpu``) and, on a side stream, counts NaN/Inf per request and state, quantizes to
-fp8 when the request's ring slot asks for it (:func:`hs_dataset.codec.fp8.fp8_quantize`), counts the
-statistics of the values each request stores (:mod:`hs_dataset.codec.state_stats`), and copies
-each request's rows straight into its region of the builder's shared-memory ring
-(:mod:`hs_dataset.capture.transport`), registered as pinned memory. A completion thread
+``extend_prefix_lens_cpu``) and, on a side stream, reads each state once
+(:func:`hs_dataset.codec.state_scan.scan_state`: a Triton kernel) for its NaN/Inf tokens, its fp8 codes
+when a request's ring slot asks for fp8 and the statistics of the values each request stores
+(:mod:`hs_dataset.codec.state_stats`), counts NaN/Inf per request and state, and copies each request's
+rows straight into its region of the builder's shared-memory ring (:mod:`hs_dataset.capture.transport`),
+registered as pinned memory. A completion thread
 (:class:`Completer`) waits for the copies, adds each pass's statistics to its requests' and marks the
 rows done, beats the rings' heartbeats, drops the rings of builders that are gone, and keeps running
 totals in ``plugin-stats.json``.
@@ -29,8 +30,8 @@ from typing import Any
 import torch
 
 from hs_dataset.capture.transport import ENCODINGS, PLUGIN_STATS, RingWriter, parse_rid, request_spans
-from hs_dataset.codec.fp8 import fp8_quantize
-from hs_dataset.codec.state_stats import span_stats, token_stats
+from hs_dataset.codec.state_scan import scan_state
+from hs_dataset.codec.state_stats import span_stats
 from hs_dataset.codec.teacher import teacher_topk
 from hs_dataset.errors import RequestError, TransportError
 
@@ -154,21 +155,21 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
     side.wait_stream(main)
     with torch.cuda.stream(side):
         # NaN/Inf positions per request and state: a cumulative count, read at each request's bounds.
-        bad = torch.stack([(~torch.isfinite(st)).any(dim=-1) for st in states]).to(torch.int32)
+        want_fp8 = any(info.encoding == ENCODINGS["fp8_e4m3"] for _, info, _, _, _ in todo)
+        scans = [scan_state(st, fp8=want_fp8) for st in states]  # one read of each
+        bad = torch.stack([sc.nonfinite for sc in scans]).to(torch.int32)
         cs = torch.nn.functional.pad(bad.cumsum(dim=1, dtype=torch.int32), (1, 0))
         bounds = torch.tensor([off for _, _, off, _, _ in todo] + [off + n for _, _, off, _, n in todo],
                               dtype=torch.int64, pin_memory=True).to(final.device, non_blocking=True)
         k = len(todo)
         counts = torch.empty((len(states), k), dtype=torch.int32, pin_memory=True)
         counts.copy_(cs[:, bounds[k:]] - cs[:, bounds[:k]], non_blocking=True)
-        fp8: Any = [fp8_quantize(st) for st in states] if any(
-            info.encoding == ENCODINGS["fp8_e4m3"] for _, info, _, _, _ in todo) else None
+        fp8: Any = [sc.fp8 for sc in scans] if want_fp8 else None
         # The statistics of the values each request stores (hs_dataset.codec.state_stats): per token here, added
         # up per request on the completion thread
         per_token = {}
         for enc in {info.encoding for _, info, _, _, _ in todo}:
-            pt = torch.stack([token_stats(st.to(torch.bfloat16)) if enc == ENCODINGS["bfloat16"]
-                              else token_stats(*fp8[j]) for j, st in enumerate(states)])
+            pt = torch.stack([sc.stats(fp8=enc == ENCODINGS["fp8_e4m3"]) for sc in scans])
             per_token[enc] = torch.empty(pt.shape, dtype=torch.float64, pin_memory=True)
             per_token[enc].copy_(pt, non_blocking=True)
         teachers = {}
