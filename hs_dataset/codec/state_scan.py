@@ -26,6 +26,7 @@ from hs_dataset.codec.state_stats import token_stats
 __all__ = ["KERNEL_MAX_HIDDEN", "StateScan", "scan_state", "warm_up"]
 
 KERNEL_MAX_HIDDEN = 16384  # the kernel holds a token's values in registers: wider states take the PyTorch path
+_kernel_error: str | None = None  # why the kernel is not used in this process (warm_up could not compile it)
 
 
 @dataclass
@@ -52,10 +53,11 @@ def scan_state(x: torch.Tensor, fp8: bool = False, kernel: bool | None = None) -
     Args:
         x: the state; its last dimension contiguous.
         fp8: also quantize it to fp8 and count the fp8 values' statistics.
-        kernel: use the Triton kernel (default: on a CUDA tensor of ``H <= KERNEL_MAX_HIDDEN``).
+        kernel: use the Triton kernel (default: on a CUDA tensor of ``H <= KERNEL_MAX_HIDDEN``, unless
+            :func:`warm_up` could not compile it in this process).
     """
     if kernel is None:
-        kernel = x.is_cuda and x.shape[-1] <= KERNEL_MAX_HIDDEN and x.stride(-1) == 1
+        kernel = _kernel_error is None and x.is_cuda and x.shape[-1] <= KERNEL_MAX_HIDDEN and x.stride(-1) == 1
     if kernel:
         from hs_dataset.codec.state_scan_triton import scan_rows  # Triton: the GPU's path only
 
@@ -66,10 +68,20 @@ def scan_state(x: torch.Tensor, fp8: bool = False, kernel: bool | None = None) -
                      fp8_stats=token_stats(*q) if q is not None else None)
 
 
-def warm_up(hidden: int, dtype: torch.dtype = torch.bfloat16) -> None:
+def warm_up(hidden: int, dtype: torch.dtype = torch.bfloat16) -> str | None:
     """Compile the kernels for states of width ``hidden`` on the current GPU (Triton compiles on first use, a
-    second or more each): the SGLang plugin calls it when the model is loaded, so no build waits for it."""
+    second or more each): the SGLang plugin calls it when the model is loaded, so no build waits for it.
+
+    Returns:
+        None, or why the kernel cannot be used here (Triton missing, a compiler failure: one version of
+        ``ptxas`` crashed on a form of it): :func:`scan_state` then takes the PyTorch path in this process.
+    """
+    global _kernel_error
     x = torch.zeros((2, hidden), dtype=dtype, device="cuda")
-    for fp8 in (False, True):
-        scan_state(x, fp8=fp8)
-    torch.cuda.synchronize()
+    try:
+        for fp8 in (False, True):
+            scan_state(x, fp8=fp8)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any failure of the optional kernel leaves the PyTorch path
+        _kernel_error = f"{type(e).__name__}: {str(e)[:300]}"
+    return _kernel_error

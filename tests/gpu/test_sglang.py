@@ -341,6 +341,7 @@ def test_statistics_counted_on_the_gpu_equal_the_hosts_count(models):
                        engine_args=ENGINE_ARGS)
     checked = 0
     try:
+        assert be.manifest["state_scan"] == "triton"  # the kernel compiled when the model loaded
         for encoding in ("bfloat16", "fp8_e4m3"):
             for r in be.capture(samples, encoding=encoding):
                 assert r.value_stats is not None and r.value_stats.shape[0] == r.states.shape[0]

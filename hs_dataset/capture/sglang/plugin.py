@@ -56,6 +56,8 @@ HOOK_TARGETS = (MODEL_RUNNER + ".load_model", MODEL_RUNNER + ".forward", LOGITS_
 PARALLEL_TARGETS = (PARALLEL_STATE + ".get_tensor_model_parallel_rank",
                     PARALLEL_STATE + ".get_tensor_model_parallel_world_size",
                     PARALLEL_STATE + ".get_pipeline_model_parallel_world_size")
+logger = logging.getLogger(__name__)
+
 WRAPPER_ATTRS = ("language_model",)  # where ...ForConditionalGeneration wrappers keep their text model
 
 
@@ -193,7 +195,10 @@ def _after_load_model(result, runner, *args, **kwargs):
             return None
         S.side_stream = torch.cuda.Stream()
         # Triton compiles the state scan's kernels on first use (seconds): now, not in a build's first pass
-        warm_up(int(text.config.hidden_size), getattr(runner, "dtype", torch.bfloat16))
+        no_kernel = warm_up(int(text.config.hidden_size), getattr(runner, "dtype", torch.bfloat16))
+        if no_kernel:
+            logger.warning("hs_dataset capture: the state scan's Triton kernel is not used (%s): "
+                           "the PyTorch operations count instead, slower", no_kernel)
         S.completer = Completer(cfg["dir"])
         if cfg.get("ring"):
             ring_of(cfg["ring"])  # the in-process builder's ring: mapped now, before the first request
@@ -201,7 +206,8 @@ def _after_load_model(result, runner, *args, **kwargs):
                     "prenorm_last_layer": S.prenorm, "model_class": type(runner.model).__name__,
                     "text_model_class": type(text).__name__, "num_layers": num_layers, "tp_rank": tp_rank,
                     "tp_size": tp_size, "hidden_size": int(text.config.hidden_size),
-                    "chunked_prefill_size": _chunked_prefill_size(runner)}
+                    "chunked_prefill_size": _chunked_prefill_size(runner),
+                    "state_scan": "pytorch: " + no_kernel if no_kernel else "triton"}
         atomic_json(Path(cfg["dir"], MANIFEST), manifest)
     except BaseException:
         _plugin_error(cfg, traceback.format_exc())
