@@ -24,6 +24,7 @@ measured on the stand-in.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
@@ -60,7 +61,7 @@ def read_rate(out: Path, coded: bool) -> float:
 
 
 def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate: float | None = None,
-        deadline: float | None = None, parquet: bool = False) -> None:
+        deadline: float | None = None, parquet: bool = False, profile: bool = False) -> None:
     """The table (see the module docstring) on a started SGLangBackend ``be``, into ``res["compact"]``."""
     from hs_dataset.config import HiddenStatesConfig
     from hs_dataset.prepare.samples import tokenized_samples
@@ -70,6 +71,7 @@ def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate
     layers = tuple(be.layers)
     work.mkdir(parents=True, exist_ok=True)
     from kimi_width import source
+    from stacks import StackSampler
 
     src = source(work / "src-2k.jsonl", samples, 2048, seed=7)
     base = dict(model=str(model), layers=layers, source=str(src), max_length=2048, part_size=16, backend="sglang")
@@ -98,13 +100,17 @@ def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate
             dst = root / name.replace(" ", "_").replace("+", "p")
             shutil.rmtree(dst, ignore_errors=True)
             t = time.time()
+            sampler = StackSampler() if profile else None
             try:
-                s = build(HiddenStatesConfig(**base, **fields), dst, backend=be, progress=False)
+                with sampler or contextlib.nullcontext():
+                    s = build(HiddenStatesConfig(**base, **fields), dst, backend=be, progress=False)
             except Exception as e:  # recorded, and the next row runs
                 row[f"error_{where}"] = f"{type(e).__name__}: {e}"[:500]
                 dump()
                 continue
             dt = time.time() - t
+            if sampler is not None:
+                row[f"stacks_{where}"] = sampler.report()
             row[f"build_{where}_tok_s"] = round(s.counts.tokens_written / dt)
             row[f"build_{where}/plain"] = round(row[f"build_{where}_tok_s"] / out["plain_tok_s"], 3)
             bpt = s.bytes_written / s.counts.tokens_written
@@ -126,6 +132,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=96)
     ap.add_argument("--json", default=None)
     ap.add_argument("--parquet", action="store_true", help="also the Parquet row (slow: hs_dataset.codec.coding)")
+    ap.add_argument("--profile", action="store_true", help="sample the builder's thread stacks during each build")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from kimi_width import ENGINE_ARGS, LAYERS
@@ -155,7 +162,8 @@ def main() -> None:
     be = SGLangBackend(a.model, LAYERS, max_inflight=64,
                        engine_args={k: v for k, v in ENGINE_ARGS.items() if k != "context_length"})
     try:
-        run(be, Path(a.model), work, a.samples, res, dump, disk_rate=res["disk_write_MBps"] * 1e6, parquet=a.parquet)
+        run(be, Path(a.model), work, a.samples, res, dump, disk_rate=res["disk_write_MBps"] * 1e6, parquet=a.parquet,
+            profile=a.profile)
     finally:
         be.close()
 
