@@ -25,7 +25,9 @@ from hs_dataset.codec.state_stats import token_stats
 
 __all__ = ["KERNEL_MAX_HIDDEN", "StateScan", "scan_state", "warm_up"]
 
-KERNEL_MAX_HIDDEN = 16384  # the kernel holds a token's values in registers: wider states take the PyTorch path
+# The kernel holds a token's values in registers (a block of 8,192: Kimi-K2.5 / DeepSeek-V3's 7,168, Llama-70B's
+# 8,192); wider states take the PyTorch path (its 16,384-wide form failed its GPU test on the H200, cause not read)
+KERNEL_MAX_HIDDEN = 8192
 _kernel_error: str | None = None  # why the kernel is not used in this process (warm_up could not compile it)
 
 

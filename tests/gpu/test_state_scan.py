@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hs_dataset.codec.state_scan import scan_state
+from hs_dataset.codec.state_scan import KERNEL_MAX_HIDDEN, scan_state
 from hs_dataset.codec.state_stats import span_stats
 from tests.codec.test_state_stats import as_column, assert_same
 from tests.gpu.models import GPU_MARKS
@@ -33,7 +33,7 @@ def _total(per_token: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("H,dtype,packed", [(7168, torch.bfloat16, True), (7168, torch.bfloat16, False),
                                             (4096, torch.float32, False), (1000, torch.bfloat16, False),
-                                            (16384, torch.bfloat16, False)])
+                                            (8192, torch.bfloat16, False)])
 def test_the_kernel_reads_a_state_as_the_pytorch_path_does(H, dtype, packed):
     T = 700
     x = _states(T, H, dtype, seed=H)
@@ -55,6 +55,14 @@ def test_the_kernel_reads_a_state_as_the_pytorch_path_does(H, dtype, packed):
         assert torch.equal(g_[:, [0, 4]], w_[:, [0, 4]])  # values and the count at the fp8 limit, exact
         assert_same(as_column(_total(g_)), as_column(_total(w_)))
     assert int(want.bf16_stats[:, 4].sum()) > 0 and int(want.fp8_stats[:, 4].sum()) > 0  # the limit was exercised
+
+
+def test_a_state_wider_than_the_kernel_takes_the_pytorch_path():
+    x = _states(16, KERNEL_MAX_HIDDEN + 1024, torch.bfloat16, seed=4)
+    got, want = scan_state(x.cuda(), fp8=True), scan_state(x, fp8=True)
+    ok = ~want.nonfinite
+    assert got.fp8 is not None and want.fp8 is not None and torch.equal(got.nonfinite.cpu(), want.nonfinite)
+    assert torch.equal(got.fp8[0].cpu()[ok], want.fp8[0][ok]) and torch.equal(got.fp8[1].cpu()[ok], want.fp8[1][ok])
 
 
 def test_the_kernel_takes_an_empty_pass_and_bf16_only():
