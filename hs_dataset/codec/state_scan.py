@@ -61,7 +61,7 @@ def scan_state(x: torch.Tensor, fp8: bool = False, kernel: bool | None = None) -
     if kernel is None:
         kernel = _kernel_error is None and x.is_cuda and x.shape[-1] <= KERNEL_MAX_HIDDEN and x.stride(-1) == 1
     if kernel:
-        from hs_dataset.codec.state_scan_triton import scan_rows  # Triton: the GPU's path only
+        from hs_dataset.codec.state_scan_triton import scan_rows  # optional: Triton, on a GPU only
 
         return StateScan(*scan_rows(x, fp8))
     nonfinite = ~torch.isfinite(x).all(dim=-1)
