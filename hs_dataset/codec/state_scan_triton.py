@@ -34,7 +34,7 @@ def _scan_kernel(x_ptr, row_stride, H, stats_ptr, codes_ptr, scales_ptr,
     offs = tl.arange(0, BLOCK)
     inside = offs < H
     xf = tl.load(x_ptr + row * row_stride + offs, mask=inside, other=0.0).to(tl.float32)
-    out = stats_ptr + row * 9
+    out = stats_ptr + row * 9  # _COLS
     bad = (xf != xf) | (tl.abs(xf) == float("inf"))
     v = xf.to(tl.bfloat16).to(tl.float32)  # the stored bf16 value
     av = tl.abs(v)

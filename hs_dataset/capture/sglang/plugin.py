@@ -48,6 +48,8 @@ from hs_dataset.codec.state_scan import warm_up
 
 __all__ = ["register"]
 
+logger = logging.getLogger(__name__)
+
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 LOGITS_PROCESSOR = "sglang.srt.layers.logits_processor.LogitsProcessor"
 PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
@@ -56,8 +58,6 @@ HOOK_TARGETS = (MODEL_RUNNER + ".load_model", MODEL_RUNNER + ".forward", LOGITS_
 PARALLEL_TARGETS = (PARALLEL_STATE + ".get_tensor_model_parallel_rank",
                     PARALLEL_STATE + ".get_tensor_model_parallel_world_size",
                     PARALLEL_STATE + ".get_pipeline_model_parallel_world_size")
-logger = logging.getLogger(__name__)
-
 WRAPPER_ATTRS = ("language_model",)  # where ...ForConditionalGeneration wrappers keep their text model
 
 

@@ -7,10 +7,9 @@ rank 0 splits the batch by request (``extend_seq_lens_cpu``, start positions
 when a request's ring slot asks for fp8 and the statistics of the values each request stores
 (:mod:`hs_dataset.codec.state_stats`), counts NaN/Inf per request and state, and copies each request's
 rows straight into its region of the builder's shared-memory ring (:mod:`hs_dataset.capture.transport`),
-registered as pinned memory. A completion thread
-(:class:`Completer`) waits for the copies, adds each pass's statistics to its requests' and marks the
-rows done, beats the rings' heartbeats, drops the rings of builders that are gone, and keeps running
-totals in ``plugin-stats.json``.
+registered as pinned memory. A completion thread (:class:`Completer`) waits for the copies, adds each
+pass's statistics to its requests' and marks the rows done, beats the rings' heartbeats, drops the rings
+of builders that are gone, and keeps running totals in ``plugin-stats.json``.
 
 Imports torch and the transport only (it runs in SGLang's scheduler process).
 """
