@@ -119,7 +119,7 @@ def main() -> None:
     a = ap.parse_args()
     row = np.random.default_rng(0).integers(0, 255, size=int(a.mb * 1e6), dtype=np.uint8)
     path = Path(a.dir) / f"hs-file-writes-{os.getpid()}"
-    source, ring = [row], None
+    source, ring = [row], None  # ring: the mapping, open while its rows are written
     if a.ring_gib:
         size = int(a.ring_gib * 2**30) // row.nbytes * row.nbytes
         fd = os.open(f"{path}-ring", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -26,8 +26,3 @@ def test_one_call_gives_the_nonfinite_tokens_the_fp8_encoding_and_both_statistic
     assert only.fp8 is None and torch.equal(only.bf16_stats[ok], s.bf16_stats[ok])
     with pytest.raises(ValueError, match="fp8=True"):
         only.stats(fp8=True)
-
-
-def test_a_float32_state_is_counted_as_the_bf16_it_is_stored_as():
-    x = states(16, 256).float() * 1.0001
-    assert torch.equal(scan_state(x).bf16_stats, token_stats(x.to(torch.bfloat16)))

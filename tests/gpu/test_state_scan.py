@@ -57,7 +57,7 @@ def test_the_kernel_reads_a_state_as_the_pytorch_path_does(H, dtype, packed):
     assert int(want.bf16_stats[:, 4].sum()) > 0 and int(want.fp8_stats[:, 4].sum()) > 0  # the limit was exercised
 
 
-def test_a_state_wider_than_the_kernel_takes_the_pytorch_path():
+def test_a_state_wider_than_the_kernel_is_read_as_on_the_cpu():
     x = _states(16, KERNEL_MAX_HIDDEN + 1024, torch.bfloat16, seed=4)
     got, want = scan_state(x.cuda(), fp8=True), scan_state(x, fp8=True)
     ok = ~want.nonfinite
