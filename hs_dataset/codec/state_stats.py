@@ -15,11 +15,12 @@ float32 reductions of its ``H`` values; tokens add up in float64. So these equal
 within :data:`hs_dataset.integrity.summary.REL_TOLERANCE`, and the counts exactly. NaN and Inf are not
 counted here: a sample holding any is not stored (``on_nonfinite``; the plugin counts their positions).
 
-Imports nothing but torch: the SGLang plugin loads it in the scheduler process.
+Imports nothing but torch and NumPy: the SGLang plugin loads it in the scheduler process.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hs_dataset.codec.fp8 import FP8_MAX
@@ -65,23 +66,39 @@ def token_stats(x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Te
     return out
 
 
-def span_stats(per_token: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
-    """Add up ``per_token`` (``[S, T, 5]``: :func:`token_stats` of ``S`` states) over each span of tokens
-    ``(offset, length)``: ``[S, len(spans), 5]`` (the largest magnitude is the span's largest). A reduction per
-    span, no atomics: the plugin runs it on the CPU, on a pass's per-token statistics copied there. (A first
-    version added the tokens up on the GPU with float64 ``index_add_`` / ``scatter_reduce`` atomics, many tokens
-    into one value; capture ran at 0.70x of prefill with it, against 0.93x before. The cause was not isolated.)"""
-    S, _, F = per_token.shape
-    out = torch.zeros((S, len(spans), F), dtype=torch.float64, device=per_token.device)
-    for i, (off, n) in enumerate(spans):
-        if n:
-            seg = per_token[:, off:off + n]
-            out[:, i] = seg.sum(dim=1)
-            out[:, i, _ABSMAX] = seg[..., _ABSMAX].amax(dim=1)
+def span_stats(per_token: "np.ndarray | torch.Tensor", spans: list[tuple[int, int]]) -> np.ndarray:
+    """Add up ``per_token`` (``[S, T, 5]``: :func:`token_stats` of ``S`` states, on the CPU) over each span of
+    tokens ``(offset, length)``: float64 ``[S, len(spans), 5]`` (the largest magnitude is the span's largest).
+
+    NumPy, two reductions for all spans at once: the plugin runs it on its completion thread in SGLang's
+    scheduler process, where every call that lets go of the GIL waits to take it back from the scheduler's
+    thread (up to the 5 ms switch interval while that thread runs Python: between builds' passes it polls
+    for requests). Done as a dozen PyTorch calls per request, that wait held a pass's completion for
+    0.5-2 s once the engine went idle (on the H200 at Kimi width, 2026-12-04): the last rows of a build
+    arrived that much late."""
+    pt = np.asarray(per_token, dtype=np.float64)
+    S, T, F = pt.shape
+    out = np.zeros((S, len(spans), F), dtype=np.float64)
+    order = sorted((off, n, i) for i, (off, n) in enumerate(spans) if n)
+    if not order:
+        return out
+    if any(a + n > b for (a, n, _), (b, _, _) in zip(order, order[1:])) or order[-1][0] + order[-1][1] > T:
+        raise ValueError(f"spans {spans} overlap or run past the {T} tokens")
+    # np.*.reduceat: element 2j reduces [start_j, end_j) (the next index); the last end may be T, which reduceat
+    # takes as "to the end" when it is left out
+    idx = [x for off, n, _ in order for x in (off, off + n)]
+    if idx[-1] == T:
+        idx.pop()
+    sums = np.add.reduceat(pt, idx, axis=1)[:, ::2]
+    peaks = np.maximum.reduceat(pt[..., _ABSMAX], idx, axis=1)[:, ::2]
+    rows = [i for _, _, i in order]
+    out[:, rows] = sums
+    out[:, rows, _ABSMAX] = peaks
     return out
 
 
-def add_stats(total: torch.Tensor, part: torch.Tensor) -> None:
-    """``total += part`` for statistics ``[..., 5]`` (:data:`FIELDS`), the largest magnitude the larger."""
+def add_stats(total: np.ndarray, part: np.ndarray) -> None:
+    """``total += part`` in place for statistics ``[..., 5]`` (:data:`FIELDS`), the largest magnitude the larger
+    (NumPy, for the reason :func:`span_stats` gives)."""
     total[..., _ADDED] += part[..., _ADDED]
-    total[..., _ABSMAX] = torch.maximum(total[..., _ABSMAX], part[..., _ABSMAX])
+    np.maximum(total[..., _ABSMAX], part[..., _ABSMAX], out=total[..., _ABSMAX])

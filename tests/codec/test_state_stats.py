@@ -74,11 +74,25 @@ def test_requests_of_a_pass_and_passes_of_a_request_add_up():
     for i, (off, n) in enumerate(spans):
         assert_same(as_column(got[0, i]), host(x[off:off + n]))
         assert_same(as_column(got[1, i]), host(q[off:off + n], s[off:off + n]))
-    total = torch.zeros(2, len(FIELDS), dtype=torch.float64)
+    total = np.zeros((2, len(FIELDS)), dtype=np.float64)
     for a in range(0, 900, 128):  # a request in chunked-prefill passes of 128 tokens
         add_stats(total, span_stats(per_token[:, a:a + 128], [(0, min(128, 900 - a))])[:, 0])
     assert_same(as_column(total[0]), host(x))
     assert_same(as_column(total[1]), host(q, s))
+
+
+def test_spans_back_to_back_out_of_order_and_to_the_last_token_add_up():
+    """A pass whose requests fill it: spans given in any order, one ending at the pass's last token (NumPy's
+    reduceat takes that end as "to the end"), an empty one; overlapping spans are refused."""
+    x = states(500, seed=2)
+    per_token = token_stats(x)[None]
+    spans = [(300, 200), (0, 120), (120, 180), (120, 0)]
+    got = span_stats(per_token, spans)
+    for i, (off, n) in enumerate(spans[:3]):
+        assert_same(as_column(got[0, i]), host(x[off:off + n]))
+    assert not got[0, 3].any()  # the empty span counts nothing
+    with pytest.raises(ValueError, match="overlap"):
+        span_stats(per_token, [(0, 130), (120, 10)])
 
 
 def random_states(width: int):

@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from hs_dataset.capture.transport.format import (_FAILED, _H_ATTACHED, _H_BEAT, _H_CAP, _H_DATA, _H_MAGIC, _H_SLOTS,
@@ -116,11 +117,12 @@ class RingWriter:
         a = self.data_offset + info.scale_offset(j, start)
         return self.bytes[a:a + n * 4].view(torch.float32)
 
-    def complete(self, seq: int, rows: int, nonfinite: list[int] | tuple[int, ...],
-                 stats: torch.Tensor | None = None) -> None:
+    def complete(self, seq: int, rows: int, nonfinite: "list[int] | tuple[int, ...] | np.ndarray",
+                 stats: np.ndarray | None = None) -> None:
         """A chunk of ``rows`` rows of ``seq`` is in the ring (its copy finished): add its NaN/Inf counts and
-        its value statistics (float64 ``[n_states, 5]``, :func:`hs_dataset.codec.state_stats.token_stats`
-        added up over the chunk), rows last."""
+        its value statistics (float64 ``[n_states, 5]``, :func:`hs_dataset.codec.state_stats.span_stats` of
+        the chunk), rows last. Plain Python and NumPy on the mapping: nothing here lets go of the GIL (see
+        :func:`~hs_dataset.codec.state_stats.span_stats` for why that matters in SGLang's scheduler process)."""
         base = _HEADER_BYTES + (seq % self.n_slots) * _SLOT_BYTES
         mm = self.mm
         if _get(mm, _S_SEQ, base) != seq:
@@ -131,7 +133,8 @@ class RingWriter:
             except RequestError:
                 return  # failed: its rows and statistics are not read
             a = self.data_offset + info.stats_offset()
-            add_stats(self.bytes[a:a + info.stats_bytes].view(torch.float64).view(info.n_states, -1), stats)
+            add_stats(np.frombuffer(mm, dtype=np.float64, count=info.stats_bytes // 8, offset=a).reshape(
+                info.n_states, -1), np.asarray(stats))
         for j, k in enumerate(nonfinite):
             if k:
                 f = (_S_NONFINITE + 4 * j, "<I")
