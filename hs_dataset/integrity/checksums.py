@@ -81,11 +81,13 @@ def shard_rows(path: str | os.PathLike) -> int:
     return rows
 
 
-def shard_entry(path: str | os.PathLike, digest: str | None = None) -> dict[str, Any]:
-    """The entry recorded for a shard just written (``digest``: its xxh3-128, when already computed)."""
+def shard_entry(path: str | os.PathLike, digest: str | None = None, *, rows: int | None = None) -> dict[str, Any]:
+    """The entry recorded for a shard just written (``digest``: its xxh3-128, ``rows``: its rows, when already
+    known)."""
     p = Path(path)
     size = p.stat().st_size
-    return {"name": p.name, "bytes": size, "rows": shard_rows(p), HASH_KEY: digest or file_digest(p),
+    return {"name": p.name, "bytes": size, "rows": shard_rows(p) if rows is None else int(rows),
+            HASH_KEY: digest or file_digest(p),
             EDGES_KEY: edges_digest(p, size)}
 
 

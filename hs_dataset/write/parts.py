@@ -34,7 +34,7 @@ from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.codec.coding import CODED_SHARD_BYTES, arrow_to_parquet, compress_arrow
 from hs_dataset.codec.encode import stored_state_columns
-from hs_dataset.integrity.checksums import shard_entry
+from hs_dataset.integrity.checksums import file_digest, shard_entry
 from hs_dataset.layout import DATA_DIR, shard_name
 from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.records import Counts
@@ -135,18 +135,20 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
                          quality, config.compression)
 
 
-def _code_shards(shards: list[str], ext: str, state_columns: tuple[str, ...]) -> list[str]:
-    """The staging Arrow shards coded (several at once): as Parquet beside them, or as zstd Arrow in their place."""
-    def code(src: str) -> str:
+def _code_shards(shards: list[str], ext: str, state_columns: tuple[str, ...]) -> list[tuple[str, int, str]]:
+    """The staging Arrow shards coded (several at once): as Parquet beside them, or as zstd Arrow in their place.
+    Returns each coded shard's path, rows and content hash, taken on its coding thread (counting a zstd shard's
+    rows from the file would decompress it)."""
+    def code(src: str) -> tuple[str, int, str]:
         if ext == "parquet":
             dst = src[:-len(".arrow")] + ".parquet"
-            arrow_to_parquet(src, dst, list(state_columns))
+            rows = arrow_to_parquet(src, dst, list(state_columns))
             os.unlink(src)
-            return dst
-        tmp = src + ".zstd"
-        compress_arrow(src, tmp)
-        os.replace(tmp, src)
-        return src
+        else:
+            dst, tmp = src, src + ".zstd"
+            rows = compress_arrow(src, tmp)
+            os.replace(tmp, src)
+        return dst, rows, file_digest(dst)
 
     with cf.ThreadPoolExecutor(max_workers=max(1, min(len(shards), coding_threads())),
                                thread_name_prefix="hs_dataset-code") as pool:
@@ -171,10 +173,13 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
             if g.quality is not None:
                 g.quality = recount(shards, list(g.state_columns), g.quality)
         if ext == "parquet" or g.compression != "none":  # lossless coding, shards in parallel (codec.coding)
-            shards = _code_shards(shards, ext, g.state_columns)
+            coded = _code_shards(shards, ext, g.state_columns)
+        else:  # rows from the stream's framing, content hash from the writer (read back only if rewritten since)
+            coded = [(src, None, written_digest(digests, src)) for src in shards]
+        shards = [src for src, _, _ in coded]
         files = []
-        for k, src in enumerate(shards):  # size, rows and content hash (read back only if rewritten since written)
-            files.append(dict(shard_entry(src, written_digest(digests, src)), name=shard_name(g.i, k, ext)))
+        for k, (src, rows, digest) in enumerate(coded):
+            files.append(dict(shard_entry(src, digest, rows=rows), name=shard_name(g.i, k, ext)))
             fsync_file(Path(src))  # on disk before the record can point at it
         if sum(f["rows"] for f in files) != Counts.rows_of(dataclasses.asdict(g.counts)):
             raise RuntimeError(f"part {g.i}: its shards hold {sum(f['rows'] for f in files)} rows, "
