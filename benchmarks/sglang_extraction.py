@@ -285,8 +285,7 @@ def main() -> None:
         runs.append(("build_bf16_mem", "bfloat16", be, mem_out))
     for tag, dtype, backend, where in runs:
         cfg = HiddenStatesConfig(model=str(model), layers=layers, source=str(src), max_length=a.tokens,
-                                 backend="sglang", part_size=a.part_size, max_shard_bytes=4 << 30,
-                                 storage_dtype=dtype)
+                                 backend="sglang", part_size=a.part_size, storage_dtype=dtype)
         before = be.plugin_stats()
         t = time.time()
         sampler = StackSampler() if a.profile else None

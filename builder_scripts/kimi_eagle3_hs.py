@@ -34,5 +34,4 @@ CONFIG = {
     },
     "storage_dtype": "bfloat16",
     "part_size": 512,
-    "max_shard_bytes": 4 * 2**30,
 }

@@ -137,7 +137,7 @@ class HiddenStatesConfig:
                                             "results in row order: default one per CPU core (at most 8) for a build "
                                             "of 1024 rows or more; 0: in the build's own process")
     writer_batch_bytes: int = _f(64 * 2**20, "Arrow record batch budget; a row this big goes alone, without a copy")
-    max_shard_bytes: int = _f(2 * 2**30, "largest shard file")
+    max_shard_bytes: int = _f(512 * 2**20, "largest shard file: a part's rows go to several, written side by side")
     file_format: FileFormat = _f("arrow", "shard format: arrow (zero-copy reads) or parquet (byte planes + zstd)")
     compression: Compression = _f("none", "arrow shards: none (zero-copy reads), or zstd: lossless, each shard's buffers "
                                           "zstd-compressed at the commit (read decoded, like parquet)")
