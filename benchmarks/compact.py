@@ -3,8 +3,9 @@
 
 One engine (the Kimi-width stand-in of ``.gpu/make_kimi_width.py``: hidden 7168, layers 1, 3, 4 + final =
 57,344 bytes of states per token), ``--samples`` samples of 2,048 tokens (loss mask on every reply token
-of the source's conversations). Rows of the table, each built with ``build()`` (the code of
-``hs-dataset build``) into /dev/shm and onto the disk:
+of the source's conversations, tokenized before the builds, which read ids and masks: a build of >= 1,024
+rows tokenizes in worker processes, one this short would tokenize on its own thread). Rows of the table,
+each built with ``build()`` (the code of ``hs-dataset build``) into /dev/shm and onto the disk:
 
   bf16                     the exact bf16 states (Arrow shards)
   fp8                      fp8 e4m3 + per-token scales, quantized on the GPU
@@ -12,7 +13,8 @@ of the source's conversations). Rows of the table, each built with ``build()`` (
   fp8 + teacher + coding   the same with compression=zstd (Arrow shards, zstd buffers)
   (--parquet) the same as Parquet shards with byte planes + zstd (slow: hs_dataset.codec.coding)
 
-with: bytes per token on disk, build tok/s vs the engine's plain prefill of the same ids (request ids
+with: capture + transport alone (states into the ring and handed out, nothing written; bf16, fp8, fp8 + teacher),
+bytes per token on disk, build tok/s vs the engine's plain prefill of the same ids (request ids
 not ours, measured before) and vs the disk's write rate over the row's bytes per token, and the reader's
 decoded GB/s over the /dev/shm build (``iter_torch`` over ``open_dataset``, or over ``load_dataset(dir,
 streaming=True)`` for Parquet). Random weights give near-Gaussian states: the coding ratio is reported as
@@ -73,12 +75,19 @@ def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate
     from kimi_width import source
     from stacks import StackSampler
 
-    src = source(work / "src-2k.jsonl", samples, 2048, seed=7)
-    base = dict(model=str(model), layers=layers, source=str(src), max_length=2048, part_size=16, backend="sglang")
-    r = resolve_build(HiddenStatesConfig(**base))
-    ids = [s.input_ids.tolist() for _, s in tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(0, samples)],
-                                                              lambda *_: None)]
+    conversations = source(work / "src-2k.jsonl", samples, 2048, seed=7)
+    r = resolve_build(HiddenStatesConfig(model=str(model), layers=layers, source=str(conversations), max_length=2048))
+    tokenized = [s for _, s in tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(0, samples)], lambda *_: None)]
+    ids = [s.input_ids.tolist() for s in tokenized]
     tokens = sum(len(x) for x in ids)
+    # The builds read the conversations tokenized already (ids + loss masks): a build of >= 1,024 rows tokenizes in
+    # worker processes (tokenize_workers), a build this short would on its own thread, which no real build does.
+    src = work / "src-2k-tokens.jsonl"
+    with open(src, "w") as f:
+        for s in tokenized:
+            f.write(json.dumps({"id": s.sample_id, "input_ids": s.input_ids.tolist(),
+                                "loss_mask": s.loss_mask.tolist()}) + "\n")
+    base = dict(model=str(model), layers=layers, source=str(src), max_length=2048, part_size=16, backend="sglang")
 
     def plain() -> float:
         t = time.time()
@@ -86,9 +95,20 @@ def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate
             f.result()
         return tokens / (time.time() - t)
 
+    def capture(encoding: str, teacher_k: int) -> float:
+        """Capture + transport alone: every sample's states in the ring, handed out, nothing written."""
+        t = time.time()
+        for _ in be.capture(tokenized, encoding=encoding, teacher_k=teacher_k):
+            pass
+        return tokens / (time.time() - t)
+
     plain()  # warm-up
     out = res.setdefault("compact", {"samples": samples, "tokens": tokens})
     out["plain_tok_s"] = round(max(plain(), plain()))
+    for name, encoding, k in (("bf16", "bfloat16", 0), ("fp8", "fp8_e4m3", 0), ("fp8 + teacher", "fp8_e4m3", 64)):
+        runs = [capture(encoding, k) for _ in range(3)]  # the first also warms the engine for this encoding
+        out.setdefault("capture", {})[name] = {"tok_s": round(max(runs)), "vs_plain": round(max(runs) / out["plain_tok_s"], 3),
+                                               "runs_tok_s": [round(x) for x in runs]}
     dump()
     shm = Path("/dev/shm/hs-compact")
     for name, fields in ROWS + ([PARQUET_ROW] if parquet else []):
@@ -129,7 +149,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="/tmp/kimi-width-lc")
     ap.add_argument("--work", default="/tmp/hs-compact")
-    ap.add_argument("--samples", type=int, default=96)
+    ap.add_argument("--samples", type=int, default=192)
     ap.add_argument("--json", default=None)
     ap.add_argument("--parquet", action="store_true", help="also the Parquet row (slow: hs_dataset.codec.coding)")
     ap.add_argument("--profile", action="store_true", help="sample the builder's thread stacks during each build")
