@@ -208,7 +208,37 @@ def _parse_int_list(value: Any, field: str, *, allow_bool: bool = False) -> list
     return out
 
 
+def _fast_tokens(data: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A token row's ids and mask at NumPy speed when they are what JSON gives for a good row (lists of plain
+    ints, ids in 0..2^31-1, a mask of 0/1 or booleans of the same length); None for anything else, which
+    :func:`_parse_tokens` checks element by element and names. (Element by element, a 2,048-token row took
+    ~2 ms: a tenth of a build's thread at Kimi width, where rows are read on it.)"""
+    ids, mask = data["input_ids"], data.get("loss_mask")
+    if not isinstance(ids, list) or not ids or set(map(type, ids)) != {int}:
+        return None
+    try:
+        a = np.asarray(ids, dtype=np.int64)
+    except OverflowError:
+        return None
+    if int(a.min()) < 0 or int(a.max()) > _INT32_MAX:
+        return None
+    if mask is None:
+        return a.astype(np.int32), np.ones(a.size, dtype=np.uint8)
+    if not isinstance(mask, list) or len(mask) != a.size or not set(map(type, mask)) <= {int, bool}:
+        return None
+    try:
+        m = np.asarray(mask, dtype=np.int64)
+    except OverflowError:
+        return None
+    if bool(((m != 0) & (m != 1)).any()):
+        return None
+    return a.astype(np.int32), m.astype(np.uint8)
+
+
 def _parse_tokens(row: SourceRow, data: Mapping[str, Any]) -> TokenizedSample:
+    fast = _fast_tokens(data)
+    if fast is not None:
+        return TokenizedSample(sample_id=row.sample_id, input_ids=fast[0], loss_mask=fast[1])
     ids = _parse_int_list(data["input_ids"], "input_ids")
     if not ids:
         raise SampleError("input_ids", "input_ids is empty")

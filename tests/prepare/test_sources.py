@@ -393,6 +393,23 @@ def test_parse_row_errors_name_the_field(data: Any, field: str, words: str) -> N
     assert str(ei.value) == f"{field}: {ei.value.reason}"
 
 
+@pytest.mark.parametrize("data", [
+    {"input_ids": [5, 0, 2**31 - 1]},
+    {"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]},
+    {"input_ids": [5, 6, 7], "loss_mask": [False, True, 1]},
+])
+def test_token_rows_read_at_numpy_speed_equal_the_element_by_element_reading(monkeypatch, data: Any) -> None:
+    """A good token row takes NumPy's path (``_fast_tokens``); it gives what the checked path gives."""
+    from hs_dataset.prepare import conversations
+
+    assert conversations._fast_tokens(data) is not None
+    fast = parse_row(row(data))
+    monkeypatch.setattr(conversations, "_fast_tokens", lambda _data: None)
+    slow = parse_row(row(data))
+    for got, want in ((fast.input_ids, slow.input_ids), (fast.loss_mask, slow.loss_mask)):
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
 # ----------------------------------------------------------------------------------------------
 # Property: malformed JSONL never breaks reading or parsing
 # ----------------------------------------------------------------------------------------------
