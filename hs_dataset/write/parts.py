@@ -172,11 +172,11 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
                 drop_rows(src, set(g.dropped))
             if g.quality is not None:
                 g.quality = recount(shards, list(g.state_columns), g.quality)
+        coded: list[tuple[str, int | None, str | None]]  # path, rows, content hash (None: taken from the file)
         if ext == "parquet" or g.compression != "none":  # lossless coding, shards in parallel (codec.coding)
-            coded = _code_shards(shards, ext, g.state_columns)
+            coded = list(_code_shards(shards, ext, g.state_columns))
         else:  # rows from the stream's framing, content hash from the writer (read back only if rewritten since)
             coded = [(src, None, written_digest(digests, src)) for src in shards]
-        shards = [src for src, _, _ in coded]
         files = []
         for k, (src, rows, digest) in enumerate(coded):
             files.append(dict(shard_entry(src, digest, rows=rows), name=shard_name(g.i, k, ext)))
@@ -185,7 +185,7 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
             raise RuntimeError(f"part {g.i}: its shards hold {sum(f['rows'] for f in files)} rows, "
                                f"{g.counts.rows_written} were written; this is a bug in hs_dataset")
         note = note_moving(state, g.i, [f["name"] for f in files])  # recover's proof that these are ours
-        for src, f in zip(shards, files):
+        for (src, _, _), f in zip(coded, files):
             os.replace(src, out / DATA_DIR / f["name"])
         fsync_dir(out / DATA_DIR)
         record = {"part": g.i, "start": g.start, "stop": g.stop, "files": files,
