@@ -121,7 +121,7 @@ class RingWriter:
                  stats: np.ndarray | None = None) -> None:
         """A chunk of ``rows`` rows of ``seq`` is in the ring (its copy finished): add its NaN/Inf counts and
         its value statistics (float64 ``[n_states, 5]``, :func:`hs_dataset.codec.state_stats.span_stats` of
-        the chunk), rows last. Plain Python and NumPy on the mapping: nothing here lets go of the GIL (see
+        the chunk), rows last. Plain Python and NumPy on a few values of the mapping, which keep the GIL (see
         :func:`~hs_dataset.codec.state_stats.span_stats` for why that matters in SGLang's scheduler process)."""
         base = _HEADER_BYTES + (seq % self.n_slots) * _SLOT_BYTES
         mm = self.mm
