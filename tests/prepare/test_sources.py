@@ -393,21 +393,17 @@ def test_parse_row_errors_name_the_field(data: Any, field: str, words: str) -> N
     assert str(ei.value) == f"{field}: {ei.value.reason}"
 
 
-@pytest.mark.parametrize("data", [
-    {"input_ids": [5, 0, 2**31 - 1]},
-    {"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]},
-    {"input_ids": [5, 6, 7], "loss_mask": [False, True, 1]},
+@pytest.mark.parametrize("data,ids,mask", [
+    ({"input_ids": [5, 0, 2**31 - 1]}, [5, 0, 2**31 - 1], [1, 1, 1]),
+    ({"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}, [5, 6, 7], [0, 1, 1]),
+    ({"input_ids": [5, 6, 7], "loss_mask": [False, True, 1]}, [5, 6, 7], [0, 1, 1]),
+    ({"input_ids": np.array([5, 6]), "loss_mask": [np.int64(1), np.bool_(False)]}, [5, 6], [1, 0]),
 ])
-def test_token_rows_read_at_numpy_speed_equal_the_element_by_element_reading(monkeypatch, data: Any) -> None:
-    """A good token row takes NumPy's path (``_fast_tokens``); it gives what the checked path gives."""
-    from hs_dataset.prepare import conversations
-
-    assert conversations._fast_tokens(data) is not None
-    fast = parse_row(row(data))
-    monkeypatch.setattr(conversations, "_fast_tokens", lambda _data: None)
-    slow = parse_row(row(data))
-    for got, want in ((fast.input_ids, slow.input_ids), (fast.loss_mask, slow.loss_mask)):
-        assert got.dtype == want.dtype and got.tolist() == want.tolist()
+def test_token_rows_become_int32_ids_and_a_uint8_mask(data: Any, ids: list[int], mask: list[int]) -> None:
+    """Plain ints (converted at once), bools in the mask, numpy integers (element by element): the same arrays."""
+    got = parse_row(row(data))
+    assert got.input_ids.dtype == np.int32 and got.input_ids.tolist() == ids
+    assert got.loss_mask.dtype == np.uint8 and got.loss_mask.tolist() == mask
 
 
 # ----------------------------------------------------------------------------------------------
