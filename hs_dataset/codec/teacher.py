@@ -18,19 +18,32 @@ import torch
 
 from hs_dataset.layout import parse_teacher
 
-__all__ = ["TEACHER_CHUNK", "parse_teacher", "teacher_topk"]
+__all__ = ["TEACHER_CHUNK", "parse_teacher", "teacher_topk", "warm_up"]
 
-TEACHER_CHUNK = 1024  # positions per matrix product: [1024, vocab] float32 logits (0.67 GB at Kimi's 163,840)
+TEACHER_CHUNK = 1024  # positions per matrix product: [1024, vocab] logits (0.34 GB bf16 at Kimi's 163,840)
+
+_kernel_error: str | None = None  # why the Triton logsumexp is not used in this process (warm_up could not compile it)
 
 
-def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *,
-                 chunk: int = TEACHER_CHUNK) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: int = TEACHER_CHUNK,
+                 kernel: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-``k`` of ``log_softmax(final @ weight.T)`` per row: ids int32 ``[n, k]`` (highest first),
     log-probs float32 ``[n, k]``, logsumexp float32 ``[n]``; on ``final``'s device.
 
     ``weight``: the output embedding ``[vocab, H]`` (only the vocabulary's rows: no padding rows). The
     product runs in ``final``'s dtype (bf16, as the model's ``lm_head``), the softmax in float32.
+
+    Args:
+        kernel: on a CUDA tensor (default, unless :func:`warm_up` could not compile it), the logsumexp is a
+            Triton kernel over the logits as they are (:mod:`hs_dataset.codec.teacher_triton`) and the top-k is
+            taken of them as they are (their float32 values are the same numbers): no float32 copy of the
+            ``[chunk, vocab]`` logits. Otherwise (the CPU, ``kernel=False``) the logits are copied to float32
+            first and PyTorch takes both: the reference the GPU test holds the kernel to.
     """
+    if kernel is None:
+        kernel = _kernel_error is None and final.is_cuda
+    if kernel:
+        from hs_dataset.codec.teacher_triton import row_logsumexp  # optional: Triton, on a GPU only
     n = final.shape[0]
     ids = torch.empty((n, k), dtype=torch.int32, device=final.device)
     logprobs = torch.empty((n, k), dtype=torch.float32, device=final.device)
@@ -38,11 +51,34 @@ def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *,
     w = weight.to(final.dtype)
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
-        logits = torch.nn.functional.linear(final[a:b], w).float()
-        s = torch.logsumexp(logits, dim=-1)
+        logits = torch.nn.functional.linear(final[a:b], w)
+        if kernel:
+            s = row_logsumexp(logits)
+        else:
+            logits = logits.float()
+            s = torch.logsumexp(logits, dim=-1)
         vals, top = logits.topk(k, dim=-1)
-        ids[a:b] = top.to(torch.int32)
-        logprobs[a:b] = vals - s[:, None]
+        ids[a:b] = top
+        torch.sub(vals.float(), s[:, None], out=logprobs[a:b])
         lse[a:b] = s
         del logits
     return ids, logprobs, lse
+
+
+def warm_up(vocab: int, dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Compile the logsumexp kernel for a vocabulary of ``vocab`` on the current GPU (Triton compiles on first
+    use, a second or more, and again for a vocabulary of another divisibility): the SGLang plugin calls it when
+    the model is loaded, so no build waits for it.
+
+    Returns:
+        None, or why the kernel cannot be used here (Triton missing, a compiler failure):
+        :func:`teacher_topk` then takes the PyTorch path in this process.
+    """
+    global _kernel_error
+    try:
+        teacher_topk(torch.zeros((2, 16), dtype=dtype, device="cuda"), torch.ones((vocab, 16), device="cuda"),
+                     min(4, vocab), kernel=True)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any failure of the optional kernel leaves the PyTorch path
+        _kernel_error = f"{type(e).__name__}: {str(e)[:300]}"
+    return _kernel_error

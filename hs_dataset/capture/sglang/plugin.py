@@ -44,7 +44,8 @@ import torch
 from hs_dataset.capture.sglang.ring_copy import Completer, S, atomic_json, copy_pass, ring_of
 from hs_dataset.capture.sglang.versions import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
 from hs_dataset.capture.transport import ENV, MANIFEST, PLUGIN_ERROR, SCHEDULER_ERROR
-from hs_dataset.codec.state_scan import warm_up
+from hs_dataset.codec.state_scan import warm_up as scan_warm_up
+from hs_dataset.codec.teacher import warm_up as teacher_warm_up
 
 __all__ = ["register"]
 
@@ -194,11 +195,16 @@ def _after_load_model(result, runner, *args, **kwargs):
             atomic_json(Path(cfg["dir"], f"plugin-rank-{tp_rank}.json"), {"pid": os.getpid(), "tp_rank": tp_rank})
             return None
         S.side_stream = torch.cuda.Stream()
-        # Triton compiles the state scan's kernels on first use (seconds): now, not in a build's first pass
-        no_kernel = warm_up(int(text.config.hidden_size), getattr(runner, "dtype", torch.bfloat16))
+        # Triton compiles the state scan's and the teacher's kernels on first use (seconds): now, not in a build's
+        # first pass
+        no_kernel = scan_warm_up(int(text.config.hidden_size), getattr(runner, "dtype", torch.bfloat16))
         if no_kernel:
             logger.warning("hs_dataset capture: the state scan's Triton kernel is not used (%s): "
                            "the PyTorch operations count instead, slower", no_kernel)
+        no_lse = teacher_warm_up(S.vocab_size or int(text.config.vocab_size), getattr(runner, "dtype", torch.bfloat16))
+        if no_lse:
+            logger.warning("hs_dataset capture: the teacher's Triton logsumexp is not used (%s): "
+                           "PyTorch takes it of a float32 copy of the logits instead, slower", no_lse)
         S.completer = Completer(cfg["dir"])
         if cfg.get("ring"):
             ring_of(cfg["ring"])  # the in-process builder's ring: mapped now, before the first request
@@ -207,7 +213,8 @@ def _after_load_model(result, runner, *args, **kwargs):
                     "text_model_class": type(text).__name__, "num_layers": num_layers, "tp_rank": tp_rank,
                     "tp_size": tp_size, "hidden_size": int(text.config.hidden_size),
                     "chunked_prefill_size": _chunked_prefill_size(runner),
-                    "state_scan": "pytorch: " + no_kernel if no_kernel else "triton"}
+                    "state_scan": "pytorch: " + no_kernel if no_kernel else "triton",
+                    "teacher_lse": "pytorch: " + no_lse if no_lse else "triton"}
         atomic_json(Path(cfg["dir"], MANIFEST), manifest)
     except BaseException:
         _plugin_error(cfg, traceback.format_exc())

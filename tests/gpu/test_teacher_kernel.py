@@ -1,0 +1,40 @@
+"""The teacher's top-k on the GPU (hs_dataset.codec.teacher: a Triton logsumexp over the bf16 logits, the top-k
+of them as they are) gives what the PyTorch path gives from a float32 copy of the logits (issue 26: the builder
+keeps up with fast storage; the SGLang plugin computes the teacher this way)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hs_dataset.codec.teacher import teacher_topk, warm_up
+from tests.gpu.models import GPU_MARKS
+
+pytestmark = GPU_MARKS
+
+K = 64
+
+
+@pytest.mark.parametrize("vocab,rows,dtype", [(32000, 2048, torch.bfloat16), (163840, 700, torch.bfloat16),
+                                              (1000, 3, torch.bfloat16), (50257, 1500, torch.float32),
+                                              (129280, 0, torch.bfloat16)])
+def test_the_kernel_path_gives_the_pytorch_paths_teacher(vocab, rows, dtype):
+    assert warm_up(vocab, dtype) is None, "the Triton logsumexp did not compile"
+    g = torch.Generator(device="cuda").manual_seed(vocab)
+    w = (torch.randn(vocab, 512, device="cuda", generator=g) * 0.05).to(dtype)
+    x = (torch.randn(rows, 512, device="cuda", generator=g) * torch.logspace(-2, 1, rows, device="cuda")[:, None])
+    x = x.to(dtype)
+    if rows > 3:
+        x[3] = 0  # every logit equal: ties across the whole vocabulary
+    ids, lp, lse = teacher_topk(x, w, K, chunk=1024)
+    ref_ids, ref_lp, ref_lse = teacher_topk(x, w, K, chunk=1024, kernel=False)
+    assert ids.dtype == torch.int32 and lp.dtype == lse.dtype == torch.float32
+    assert ids.shape == ref_ids.shape == (rows, K) and lse.shape == (rows,)
+    assert torch.allclose(lse, ref_lse, rtol=1e-6, atol=1e-5), (lse - ref_lse).abs().max()
+    assert torch.allclose(lp, ref_lp, rtol=1e-6, atol=1e-5), (lp - ref_lp).abs().max()
+    # the ids are those of the same values: each stored log-prob is its id's, and they are a top-K
+    logits = torch.nn.functional.linear(x, w).float()
+    at = torch.gather(logits, 1, ids.long()) - ref_lse[:, None]
+    assert torch.allclose(at, lp, atol=1e-5)
+    gaps = (ref_lp[:, :-1] - ref_lp[:, 1:]).abs() > 1e-5  # ids equal where the log-probs are not tied
+    assert bool((ids[:, :-1] == ref_ids[:, :-1])[gaps].all())
