@@ -30,8 +30,9 @@ What either costs: a coded shard has no zero-copy form, so a coded build is read
 (``load_dataset(dir, streaming=True)``, or ``load_dataset(dir)``, which converts it into the ``datasets``
 cache once); an uncoded Arrow build is memory-mapped as it is (:func:`hs_dataset.read.open_dataset`).
 Both code one Arrow IPC stream shard (as the builder writes them) into a shard of the same rows, schema
-and metadata; the builder cuts a coded build's staging shards at :data:`CODED_SHARD_BYTES` so that a
-part's shards are coded on several threads at its commit.
+and metadata (:func:`code_shard`). The builder cuts a coded build's staging shards at
+:data:`CODED_SHARD_BYTES` and each is coded by the thread that wrote it, as soon as it is written
+(:mod:`hs_dataset.write.native_files`), while the next shards are captured.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["CDC_OPTIONS", "CODED_SHARD_BYTES", "ZSTD_LEVEL", "arrow_to_parquet", "compress_arrow"]
+__all__ = ["CDC_OPTIONS", "CODED_SHARD_BYTES", "ZSTD_LEVEL", "Source", "arrow_to_parquet", "code_shard",
+           "compress_arrow"]
 
-CODED_SHARD_BYTES = 256 * 2**20  # staging shards of a coded build: several per part, coded in parallel
+CODED_SHARD_BYTES = 256 * 2**20  # staging shards of a coded build: each coded as soon as it is written
 ZSTD_LEVEL = 1  # measured: higher levels gain ~1% on near-Gaussian states at several times the CPU
 CDC_OPTIONS = {"min_chunk_size": 256 * 1024, "max_chunk_size": 1024 * 1024, "norm_level": 0}  # datasets' defaults
 
@@ -56,11 +58,18 @@ def _leaves(name: str, t: pa.DataType) -> list[str]:
     return [name]
 
 
-def arrow_to_parquet(src: str | os.PathLike, dst: str | os.PathLike, state_columns: list[str]) -> int:
-    """Write the rows of the Arrow IPC stream file ``src`` as the Parquet file ``dst`` (state columns
+Source = str | os.PathLike | pa.Buffer  # an Arrow IPC stream: its file, or its bytes (a mapping of its file)
+
+
+def _stream(src: Source) -> pa.NativeFile:
+    return pa.BufferReader(src) if isinstance(src, pa.Buffer) else pa.memory_map(str(src))
+
+
+def arrow_to_parquet(src: Source, dst: str | os.PathLike, state_columns: list[str] | tuple[str, ...]) -> int:
+    """Write the rows of the Arrow IPC stream ``src`` as the Parquet file ``dst`` (state columns
     byte-planed + zstd, the rest zstd); returns the rows written."""
     rows = 0
-    with pa.memory_map(str(src)) as f:
+    with _stream(src) as f:
         reader = pa.ipc.open_stream(f)
         schema = reader.schema
         planes = [leaf for c in state_columns if c in schema.names for leaf in _leaves(c, schema.field(c).type)]
@@ -74,15 +83,26 @@ def arrow_to_parquet(src: str | os.PathLike, dst: str | os.PathLike, state_colum
     return rows
 
 
-def compress_arrow(src: str | os.PathLike, dst: str | os.PathLike) -> int:
-    """Write the rows of the Arrow IPC stream file ``src`` as the Arrow IPC stream ``dst``, its buffers
-    compressed with zstd (same schema and metadata, same record batches); returns the rows written."""
+def compress_arrow(src: Source, dst: str | os.PathLike) -> int:
+    """Write the rows of the Arrow IPC stream ``src`` as the Arrow IPC stream ``dst``, its buffers
+    compressed with zstd (same schema and metadata, same record batches); returns the rows written.
+    A batch's buffers are compressed side by side on Arrow's threads (the bytes do not depend on it)."""
     rows = 0
-    options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=ZSTD_LEVEL), use_threads=False)
-    with pa.memory_map(str(src)) as f, pa.OSFile(str(dst), "wb") as out:
+    options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=ZSTD_LEVEL), use_threads=True)
+    with _stream(src) as f, pa.OSFile(str(dst), "wb") as out:
         reader = pa.ipc.open_stream(f)
         with pa.ipc.new_stream(out, reader.schema, options=options) as w:
             for batch in reader:
                 w.write_batch(batch)
                 rows += batch.num_rows
     return rows
+
+
+def code_shard(coding: str, src: Source, dst: str | os.PathLike, state_columns: tuple[str, ...] = ()) -> int:
+    """Code the Arrow IPC stream ``src`` into ``dst``: ``coding`` ``"zstd"`` (:func:`compress_arrow`) or
+    ``"parquet"`` (:func:`arrow_to_parquet`, ``state_columns`` byte-planed); returns the rows written."""
+    if coding == "parquet":
+        return arrow_to_parquet(src, dst, state_columns)
+    if coding == "zstd":
+        return compress_arrow(src, dst)
+    raise ValueError(f"unknown shard coding {coding!r}: zstd or parquet")

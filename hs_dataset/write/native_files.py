@@ -22,8 +22,14 @@ drains a part's staging folder before it moves its shards (:mod:`hs_dataset.writ
 failed (a full disk) is raised there, or by the file's next ``write``, as an ``OSError`` naming the file.
 Each file's thread also hashes what it writes (xxh3-128, the shards' content hash, which releases the GIL:
 22 GB/s on one VM core), so the commit does not read a shard back to hash it: :func:`drain` returns the
-digests, :func:`written_digest` finds a shard's (``datasets`` renames its shards after writing them).
+digests, :func:`written` finds a shard's (``datasets`` renames its shards after writing them).
 :func:`abandon` drops what a discarded part still had queued.
+
+A coded build (``compression=zstd``, ``file_format=parquet``: :mod:`hs_dataset.codec.coding`) opens its staging
+folder as ``native_url(folder, coding=...)``: each shard's thread, once the shard is written, codes it from a
+mapping of the file into ``.coded-<inode>`` beside it, counting its rows and hashing it. So a part's shards are
+coded one by one while the next shards are captured, each on its own thread, and the commit finds them coded
+(the build into /dev/shm waited 78% of its commits for coding done there, H200, 2026-12-04).
 
 ``datasets`` treats a file system other than fsspec's own local one as remote and writes straight into the
 folder (no ``.incomplete`` rename), which the build's staging folder does not need.
@@ -32,21 +38,26 @@ folder (no ``.incomplete`` rename), which the build's staging folder does not ne
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import shutil
 import threading
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import xxhash
 from fsspec import AbstractFileSystem, register_implementation
 from fsspec.implementations.local import LocalFileSystem
 
 from hs_dataset.atomic import write_all
+from hs_dataset.codec.coding import code_shard
+from hs_dataset.integrity.checksums import file_digest
 
-__all__ = ["PROTOCOL", "QUEUE_BYTES", "BackgroundFile", "NativeLocalFileSystem", "abandon", "coding_threads", "drain",
-           "native_url", "written_digest"]
+__all__ = ["PROTOCOL", "QUEUE_BYTES", "BackgroundFile", "CodedShard", "NativeLocalFileSystem", "Written", "abandon",
+           "coding_options", "drain", "native_url", "written"]
 
 PROTOCOL = "hsds-native"
 # Queued across all files: about 36 Kimi-width rows of 2,048 tokens, up to 8 shard files of 512 MiB written at once
@@ -54,9 +65,21 @@ PROTOCOL = "hsds-native"
 QUEUE_BYTES = 4 << 30
 
 
-def coding_threads() -> int:
-    """Shards coded at once at a part's commit (zstd, Parquet): up to 8, the CPUs this process may use."""
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+@dataclass(frozen=True)
+class CodedShard:
+    """A staging shard coded by its writer: the coded file beside it, its rows and content hash (xxh3-128)."""
+
+    path: str
+    rows: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a file's thread did: the xxh3-128 digest of the bytes it wrote, and the shard coded, if asked."""
+
+    digest: str
+    coded: CodedShard | None = None
 
 
 class _Budget:
@@ -86,19 +109,23 @@ _files: list[BackgroundFile] = []  # open or still writing, until drain or aband
 class BackgroundFile(io.RawIOBase):
     """A file opened for writing whose writes a thread of its own carries out, in order (module docstring)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, coding: str | None = None, state_columns: tuple[str, ...] = ()):
+        """``coding``: once written, the thread codes the file (an Arrow IPC stream) into ``.coded-<inode>``
+        beside it (:func:`hs_dataset.codec.coding.code_shard`, ``state_columns`` for Parquet's byte planes)."""
         super().__init__()
         self.name = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = os.open(path, (os.O_RDWR if coding else os.O_WRONLY) | os.O_CREAT | os.O_TRUNC, 0o644)
         st = os.fstat(self._fd)
         self.key = (st.st_dev, st.st_ino)  # the file under any later name
+        self._coding, self._state_columns = coding, state_columns
+        self.coded: CodedShard | None = None
         self._hash = xxhash.xxh3_128()  # of the bytes written, in order (by the thread)
         self._offset = 0
         self._queue: deque[memoryview] = deque()
         self._cv = threading.Condition()
         self._closing = False
         self._dropped = False
-        self._error: OSError | None = None
+        self._error: Exception | None = None
         self._thread = threading.Thread(target=self._run, name="hs_dataset-write", daemon=True)
         self._thread.start()
         with _files_lock:
@@ -138,7 +165,7 @@ class BackgroundFile(io.RawIOBase):
                     while not self._queue and not self._closing:
                         self._cv.wait()
                     if not self._queue:
-                        return
+                        break
                     view = self._queue.popleft()
                 n = len(view)
                 try:
@@ -150,10 +177,25 @@ class BackgroundFile(io.RawIOBase):
                 finally:
                     del view  # the row it belonged to may go (a ring region is then reclaimed)
                     _BUDGET.give(n)
+            if self._coding and self._offset and self._error is None and not self._dropped:
+                self._code()
         finally:
             os.close(self._fd)
 
-    def _finish(self, drop: bool) -> OSError | None:
+    def _code(self) -> None:
+        """Code the file just written from a mapping of it (its name may have changed since: ``datasets``
+        numbers its shards after closing them; the coded file is named by the inode)."""
+        dst = os.path.join(os.path.dirname(self.name), f".coded-{self.key[1]}")
+        try:
+            with mmap.mmap(self._fd, self._offset, prot=mmap.PROT_READ) as mm:
+                buf = pa.py_buffer(mm)
+                rows = code_shard(str(self._coding), buf, dst, self._state_columns)
+                del buf  # the mapping closes only once nothing points into it
+            self.coded = CodedShard(dst, rows, file_digest(dst))
+        except Exception as e:  # noqa: BLE001 - raised by drain, naming the file
+            self._error = e if isinstance(e, OSError) else RuntimeError(f"{self.name}: coding it failed: {e}")
+
+    def _finish(self, drop: bool) -> Exception | None:
         if drop:
             self._dropped = True
         self.close()
@@ -169,25 +211,25 @@ def _take(folder: str | os.PathLike) -> list[BackgroundFile]:
     return mine
 
 
-def drain(folder: str | os.PathLike) -> dict[tuple[int, int, int], str]:
-    """Wait until every file opened under ``folder`` is written and closed; raise the first write's error.
+def drain(folder: str | os.PathLike) -> dict[tuple[int, int, int], Written]:
+    """Wait until every file opened under ``folder`` is written (and coded, if asked) and closed; raise the
+    first write's or coding's error.
 
     Returns:
-        each file's xxh3-128 hex digest of the bytes written, keyed by (device, inode, size): look a
-        file up with :func:`written_digest`.
+        what each file's thread did, keyed by (device, inode, size): look a file up with :func:`written`.
     """
     files = _take(folder)
     errors = [e for e in (f._finish(drop=False) for f in files) if e is not None]
     if errors:
         raise errors[0]
-    return {(*f.key, f._offset): f._hash.hexdigest() for f in files}
+    return {(*f.key, f._offset): Written(f._hash.hexdigest(), f.coded) for f in files}
 
 
-def written_digest(digests: Mapping[tuple[int, int, int], str], path: str | os.PathLike) -> str | None:
-    """The digest :func:`drain` returned for the file now at ``path`` (None: not written whole through a
-    :class:`BackgroundFile`, e.g. rewritten since: hash it from the file)."""
+def written(drained: Mapping[tuple[int, int, int], Written], path: str | os.PathLike) -> Written | None:
+    """What :func:`drain` returned for the file now at ``path`` (None: not written whole through a
+    :class:`BackgroundFile`, e.g. rewritten since: hash or code it from the file)."""
     st = os.stat(path)
-    return digests.get((st.st_dev, st.st_ino, st.st_size))
+    return drained.get((st.st_dev, st.st_ino, st.st_size))
 
 
 def abandon(folder: str | os.PathLike) -> None:
@@ -202,8 +244,10 @@ class NativeLocalFileSystem(AbstractFileSystem):
     protocol = PROTOCOL
     root_marker = "/"
 
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
+    def __init__(self, coding: str | None = None, state_columns: tuple[str, ...] = (), **kwargs: Any):
+        """``coding``, ``state_columns``: each file opened for writing is coded once written (:class:`BackgroundFile`)."""
+        super().__init__(coding=coding, state_columns=tuple(state_columns), **kwargs)
+        self._coding, self._state_columns = coding, tuple(state_columns)
         self._local = LocalFileSystem()
 
     @classmethod
@@ -218,8 +262,8 @@ class NativeLocalFileSystem(AbstractFileSystem):
 
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         path = self._strip_protocol(path)
-        if "w" in mode:
-            return BackgroundFile(path)
+        if "w" in mode:  # a shard is coded, never the folder's other files (dataset_info.json)
+            return BackgroundFile(path, self._coding if path.endswith(".arrow") else None, self._state_columns)
         return self._local._open(path, mode, **kwargs)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
@@ -253,5 +297,12 @@ register_implementation(PROTOCOL, NativeLocalFileSystem, clobber=True)
 
 
 def native_url(path: str | os.PathLike) -> str:
-    """``hsds-native://<absolute path>``: a folder ``datasets`` then writes into through :class:`BackgroundFile`."""
+    """``hsds-native://<absolute path>``: a folder ``datasets`` then writes into through :class:`BackgroundFile`
+    (its shards coded once written with ``storage_options=coding_options(...)``)."""
     return f"{PROTOCOL}://{os.path.abspath(path)}"
+
+
+def coding_options(coding: str | None, state_columns: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The ``storage_options`` of a :func:`native_url` whose ``.arrow`` files are coded once written
+    (``coding``: ``"zstd"``, ``"parquet"``, or None: not coded)."""
+    return {"coding": coding, "state_columns": tuple(state_columns)} if coding else {}

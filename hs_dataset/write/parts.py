@@ -9,12 +9,12 @@ no shard visible.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import glob
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,7 @@ import datasets
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.builder import HiddenStatesBuilder
 from hs_dataset.write.drop_rows import drop_rows, recount
-from hs_dataset.write.native_files import abandon, coding_threads, drain, native_url, written_digest
+from hs_dataset.write.native_files import CodedShard, Written, abandon, coding_options, drain, native_url, written
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
@@ -32,7 +32,7 @@ from hs_dataset.interrupts import check_interrupt
 from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
-from hs_dataset.codec.coding import CODED_SHARD_BYTES, arrow_to_parquet, compress_arrow
+from hs_dataset.codec.coding import CODED_SHARD_BYTES, code_shard
 from hs_dataset.codec.encode import stored_state_columns
 from hs_dataset.integrity.checksums import file_digest, shard_entry
 from hs_dataset.layout import DATA_DIR, shard_name
@@ -42,15 +42,22 @@ from hs_dataset.records import Counts
 __all__ = ['GeneratedPart', 'commit_part', 'generate_part']
 
 
-def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesConfig) -> None:
+def _coding(config: HiddenStatesConfig) -> str | None:
+    """How a build's Arrow shards are coded (hs_dataset.codec.coding): "parquet", "zstd", or None (as written)."""
+    return "parquet" if config.file_format == "parquet" else None if config.compression == "none" else config.compression
+
+
+def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesConfig,
+              state_columns: tuple[str, ...]) -> None:
     """``download_and_prepare`` into ``staging``; an error is raised as itself, not wrapped by datasets."""
     err: BaseException | None = None
     try:
         # through NativeLocalFileSystem: each shard written by a thread of its own (hs_dataset.write.native_files)
-        # always Arrow (zero-copy from the ring); a coded build's shards are coded at the commit (codec.coding)
-        coded = config.file_format == "parquet" or config.compression != "none"
+        # always Arrow (zero-copy from the ring); a coded build's shards are coded by that thread once written
+        coding = _coding(config)
         builder.download_and_prepare(native_url(staging), file_format="arrow",
-                                     max_shard_size=min(config.max_shard_bytes, CODED_SHARD_BYTES) if coded
+                                     storage_options=coding_options(coding, state_columns),
+                                     max_shard_size=min(config.max_shard_bytes, CODED_SHARD_BYTES) if coding
                                      else config.max_shard_bytes,
                                      download_mode=datasets.DownloadMode.FORCE_REDOWNLOAD)
     except datasets.exceptions.DatasetGenerationError as e:
@@ -75,7 +82,7 @@ class GeneratedPart:
     dropped: tuple[str, ...] = ()  # samples whose rows must leave the shards before the commit
     state_columns: tuple[str, ...] = ()  # the hidden-state columns (coded with byte planes in parquet builds)
     quality: dict | None = None  # the rows' statistics (hs_dataset.integrity.stats.PartStatistics)
-    compression: str = "none"  # the build's compression of Arrow shards (coded at the commit)
+    coding: str | None = None  # how its shards are coded ("zstd", "parquet": by their writers, as they are written)
 
 
 def _staging(state: Path, i: int) -> Path:
@@ -108,6 +115,7 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
     row as it is written: :mod:`hs_dataset.write.sink`)."""
     config = resolved.config
     staging = _staging(state, i)
+    state_columns = tuple(stored_state_columns(resolved.layers, config.store_final))
     try:
         for f in part_files(out, i, config.file_format):  # whole shards of a part that was not recorded: redo it
             f.unlink()
@@ -122,7 +130,7 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
         builder = HiddenStatesBuilder(resolved=resolved, part=(start, stop), backend=backend, on_row=on_row,
                                       stream=stream, workers=workers, on_table=on_table,
                                       cache_dir=str(state / "cache"))
-        _generate(builder, staging, config)
+        _generate(builder, staging, config, state_columns)
         counts = builder.counts
         if counts.samples_in != stop - start:
             raise RuntimeError(f"part {i}: read {counts.samples_in} source rows, expected {stop - start}")
@@ -131,28 +139,17 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
         raise
     quality = builder.statistics.to_dict() if builder.statistics is not None else None
     return GeneratedPart(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions(),
-                         tuple(sorted(builder.dropped)), tuple(stored_state_columns(resolved.layers, config.store_final)),
-                         quality, config.compression)
+                         tuple(sorted(builder.dropped)), state_columns, quality, _coding(config))
 
 
-def _code_shards(shards: list[str], ext: str, state_columns: tuple[str, ...]) -> list[tuple[str, int, str]]:
-    """The staging Arrow shards coded (several at once): as Parquet beside them, or as zstd Arrow in their place.
-    Returns each coded shard's path, rows and content hash, taken on its coding thread (counting a zstd shard's
-    rows from the file would decompress it)."""
-    def code(src: str) -> tuple[str, int, str]:
-        if ext == "parquet":
-            dst = src[:-len(".arrow")] + ".parquet"
-            rows = arrow_to_parquet(src, dst, list(state_columns))
-            os.unlink(src)
-        else:
-            dst, tmp = src, src + ".zstd"
-            rows = compress_arrow(src, tmp)
-            os.replace(tmp, src)
-        return dst, rows, file_digest(dst)
-
-    with cf.ThreadPoolExecutor(max_workers=max(1, min(len(shards), coding_threads())),
-                               thread_name_prefix="hs_dataset-code") as pool:
-        return list(pool.map(code, shards))
+def _coded(src: str, drained: Mapping[tuple[int, int, int], Written], coding: str, state_columns: tuple[str, ...]) -> CodedShard:
+    """The staging shard ``src`` coded: as its writer coded it, or here when it was rewritten since (rows dropped)."""
+    done = written(drained, src)
+    if done is not None and done.coded is not None:
+        return done.coded
+    dst = os.path.join(os.path.dirname(src), ".coded-" + os.path.basename(src))
+    rows = code_shard(coding, src, dst, state_columns)
+    return CodedShard(dst, rows, file_digest(dst))
 
 
 def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
@@ -164,8 +161,8 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
     """
     record_path = part_record(state, g.i)
     try:
-        # its shards whole (their writes ran behind the capture), hashed by their writers; a failed one raises
-        digests = drain(g.staging)
+        # its shards whole (their writes ran behind the capture), hashed and coded by their writers; a failure raises
+        drained = drain(g.staging)
         shards = sorted(glob.glob(str(g.staging / "*-train*.arrow")))
         if g.dropped:  # rejected after some of their rows were written: no partial sample is committed
             for src in shards:
@@ -173,10 +170,11 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
             if g.quality is not None:
                 g.quality = recount(shards, list(g.state_columns), g.quality)
         coded: list[tuple[str, int | None, str | None]]  # path, rows, content hash (None: taken from the file)
-        if ext == "parquet" or g.compression != "none":  # lossless coding, shards in parallel (codec.coding)
-            coded = list(_code_shards(shards, ext, g.state_columns))
+        if g.coding:  # lossless coding (codec.coding): the rows counted and the hash taken by the coding thread
+            coded = [(c.path, c.rows, c.digest) for c in (_coded(src, drained, g.coding, g.state_columns)
+                                                         for src in shards)]
         else:  # rows from the stream's framing, content hash from the writer (read back only if rewritten since)
-            coded = [(src, None, written_digest(digests, src)) for src in shards]
+            coded = [(src, None, None if (w := written(drained, src)) is None else w.digest) for src in shards]
         files = []
         for k, (src, rows, digest) in enumerate(coded):
             files.append(dict(shard_entry(src, digest, rows=rows), name=shard_name(g.i, k, ext)))

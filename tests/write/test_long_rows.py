@@ -102,9 +102,11 @@ def test_the_arrow_offset_limit_forced_low_splits_rows_the_same_way(tiny_model, 
     assert_same_samples(out, ref)
 
 
-def test_a_sample_rejected_after_its_first_rows_leaves_no_row(tiny_model, whole, tmp_path):
+@pytest.mark.parametrize("coding", [{}, {"compression": "zstd"}, {"file_format": "parquet"}], ids=["plain", "zstd", "parquet"])
+def test_a_sample_rejected_after_its_first_rows_leaves_no_row(tiny_model, whole, tmp_path, coding):
     """NaN from a token late in a long sample: its first rows are clean and written, a later row is not;
-    the sample is rejected and the part's shards hold none of its rows."""
+    the sample is rejected and the part's shards hold none of its rows (in a coded build, its shards were coded
+    as written, then rewritten without the rows and coded again at the commit)."""
     from safetensors.torch import load_file, save_file
 
     from hs_dataset.prepare.tokenizer import load_tokenizer
@@ -129,7 +131,7 @@ def test_a_sample_rejected_after_its_first_rows_leaves_no_row(tiny_model, whole,
             f.write(json.dumps({"messages": [{"role": "user", "content": f"{i} 1 2"},
                                              {"role": "assistant", "content": "7 8 9 " * 5}]}) + "\n")
     out = tmp_path / "nan"
-    summary = build(long_config(str(bad), src2, row_tokens=256, on_nonfinite="reject"), out, progress=False)
+    summary = build(long_config(str(bad), src2, row_tokens=256, on_nonfinite="reject", **coding), out, progress=False)
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert sid in {r["sample_id"] for r in rejects}
     ds = load_built(out)

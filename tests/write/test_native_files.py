@@ -11,13 +11,15 @@ import time
 
 import fsspec
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from datasets.arrow_writer import ArrowWriter
 
 from hs_dataset.codec.encode import make_features, row_table
 from hs_dataset.write import native_files
 from hs_dataset.integrity.checksums import file_digest
-from hs_dataset.write.native_files import BackgroundFile, drain, native_url, written_digest
+from hs_dataset.write.native_files import BackgroundFile, coding_options, drain, native_url, written
 
 
 def test_datasets_writes_the_same_shard_through_a_background_file(tmp_path):
@@ -40,6 +42,37 @@ def test_datasets_writes_the_same_shard_through_a_background_file(tmp_path):
     assert digests[0] == digests[1]
 
 
+@pytest.mark.parametrize("coding", ["zstd", "parquet"])
+def test_a_coded_folders_shards_are_coded_by_their_writers_once_written(tmp_path, coding):
+    """A coded build's staging shards: each coded by its own thread as soon as it is written, under the name
+    ``datasets`` gives it after closing it; the coded rows equal the written ones. Other files are not coded."""
+    feats = make_features((0,), 64)
+    rng = np.random.default_rng(3)
+    rows = [{"id": f"s{i}", "input_ids": np.arange(50 + i, dtype=np.int32), "loss_mask": np.ones(50 + i, np.uint8),
+             "num_tokens": 50 + i, **{c: rng.integers(0, 65535, size=(50 + i, 64), dtype=np.uint16)
+                                       for c in ("hidden_layer_0", "hidden_final")}} for i in range(4)]
+    opts = coding_options(coding, ("hidden_layer_0", "hidden_final"))
+    w = ArrowWriter(features=feats, path=native_url(tmp_path / "x-train-SSSSS.arrow"), writer_batch_size=1,
+                    storage_options=opts)
+    for row in rows:
+        w.write_row(row_table(row, feats.arrow_schema))
+    w.finalize()
+    w.close()
+    fs, path = fsspec.core.url_to_fs(native_url(tmp_path / "info.json"), **opts)
+    with fs.open(path, "wb") as f:
+        f.write(b"{}")
+    os.replace(tmp_path / "x-train-SSSSS.arrow", tmp_path / "x-train-00000.arrow")  # numbered after closing
+    drained = drain(tmp_path)
+    assert written(drained, tmp_path / "info.json").coded is None
+    done = written(drained, tmp_path / "x-train-00000.arrow").coded
+    assert done is not None and done.rows == 4 and done.digest == file_digest(done.path)
+    plain = pa.ipc.open_stream(pa.memory_map(str(tmp_path / "x-train-00000.arrow"))).read_all()
+    got = pq.read_table(done.path) if coding == "parquet" else pa.ipc.open_stream(pa.memory_map(done.path)).read_all()
+    assert got.equals(plain)
+    if coding == "zstd":  # Arrow compressed the buffers: a plain reader decodes them
+        assert os.path.getsize(done.path) < os.path.getsize(tmp_path / "x-train-00000.arrow")
+
+
 def test_files_written_at_once_each_land_whole_and_in_order(tmp_path):
     rng = np.random.default_rng(2)
     chunks = {k: [rng.integers(0, 255, size=int(rng.integers(1, 300_000)), dtype=np.uint8) for _ in range(40)]
@@ -56,10 +89,11 @@ def test_files_written_at_once_each_land_whole_and_in_order(tmp_path):
     for k in chunks:
         path = tmp_path / ("renamed" if k == 0 else f"f{k}")
         assert path.read_bytes() == b"".join(c.tobytes() for c in chunks[k])
-        assert written_digest(digests, path) == file_digest(path)  # hashed by its writer, as written
+        assert written(digests, path).digest == file_digest(path)  # hashed by its writer, as written
+        assert written(digests, path).coded is None
     assert not native_files._files  # drained files are let go
     (tmp_path / "f1").write_bytes(b"rewritten")  # the same file, other bytes: no digest, it is hashed from disk
-    assert written_digest(digests, tmp_path / "f1") is None
+    assert written(digests, tmp_path / "f1") is None
 
 
 def test_a_failed_write_is_raised_naming_the_file():
