@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 __all__ = ["CDC_OPTIONS", "CODED_SHARD_BYTES", "ZSTD_LEVEL", "Source", "arrow_to_parquet", "code_shard",
            "compress_arrow"]
 
-CODED_SHARD_BYTES = 256 * 2**20  # staging shards of a coded build: each coded as soon as it is written
+CODED_SHARD_BYTES = 128 * 2**20  # staging shards of a coded build: each coded as soon as it is written
 ZSTD_LEVEL = 1  # measured: higher levels gain ~1% on near-Gaussian states at several times the CPU
 CDC_OPTIONS = {"min_chunk_size": 256 * 1024, "max_chunk_size": 1024 * 1024, "norm_level": 0}  # datasets' defaults
 

@@ -187,10 +187,11 @@ class BackgroundFile(io.RawIOBase):
         numbers its shards after closing them; the coded file is named by the inode)."""
         dst = os.path.join(os.path.dirname(self.name), f".coded-{self.key[1]}")
         try:
-            with mmap.mmap(self._fd, self._offset, prot=mmap.PROT_READ) as mm:
-                buf = pa.py_buffer(mm)
-                rows = code_shard(str(self._coding), buf, dst, self._state_columns)
-                del buf  # the mapping closes only once nothing points into it
+            # Not closed here: Arrow's threads may let go of the last slice of it a moment after the coding
+            # returns (closing it then fails); it is unmapped when the last reference goes.
+            buf = pa.py_buffer(mmap.mmap(self._fd, self._offset, prot=mmap.PROT_READ))
+            rows = code_shard(str(self._coding), buf, dst, self._state_columns)
+            del buf
             self.coded = CodedShard(dst, rows, file_digest(dst))
         except Exception as e:  # noqa: BLE001 - raised by drain, naming the file
             self._error = e if isinstance(e, OSError) else RuntimeError(f"{self.name}: coding it failed: {e}")
