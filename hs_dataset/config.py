@@ -140,7 +140,7 @@ class HiddenStatesConfig:
     max_shard_bytes: int = _f(512 * 2**20, "largest shard file: a part's rows go to several, written side by side")
     file_format: FileFormat = _f("arrow", "shard format: arrow (zero-copy reads) or parquet (byte planes + zstd)")
     compression: Compression = _f("none", "arrow shards: none (zero-copy reads), or zstd: lossless, each shard's buffers "
-                                          "zstd-compressed at the commit (read decoded, like parquet)")
+                                          "zstd-compressed as it is written (read decoded, like parquet)")
     license: str = _f("unknown", "the dataset's license in its card (a Hub license id: apache-2.0, mit, cc-by-4.0, "
                                  "other...); the states derive from the model and the source: follow both their terms")
 

@@ -38,6 +38,7 @@ and metadata (:func:`code_shard`). The builder cuts a coded build's staging shar
 from __future__ import annotations
 
 import os
+from typing import TypeAlias
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -58,7 +59,7 @@ def _leaves(name: str, t: pa.DataType) -> list[str]:
     return [name]
 
 
-Source = str | os.PathLike | pa.Buffer  # an Arrow IPC stream: its file, or its bytes (a mapping of its file)
+Source: TypeAlias = "str | os.PathLike[str] | pa.Buffer"  # an Arrow IPC stream: its file, or its bytes (a mapping of its file)
 
 
 def _stream(src: Source) -> pa.NativeFile:
