@@ -153,3 +153,37 @@ def test_the_file_system_lists_moves_and_removes_like_the_local_one(tmp_path):
         assert f.read() == b"abc"
     fs.rm(path, recursive=True)
     assert not (tmp_path / "d").exists()
+
+
+def test_a_file_still_being_written_is_moved_by_its_thread_after_its_last_write(tmp_path, monkeypatch):
+    """datasets numbers its shards by moving them once closed; a rename waits for the file's inode lock, which
+    its writes hold, so the move of a file with writes queued is made by its thread and returns at once."""
+    fifo = tmp_path / "slow"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a disk that takes nothing until it is read
+    f = BackgroundFile(str(fifo))
+    f.write(bytes(4 << 20))  # more than the pipe holds: the thread is blocked in a write
+    f.close()
+    fs, path = fsspec.core.url_to_fs(native_url(tmp_path))
+    t = time.monotonic()
+    fs.mv(f"{path}/slow", f"{path}/moved")
+    assert time.monotonic() - t < 1.0
+    assert fifo.exists() and not (tmp_path / "moved").exists()  # not yet: its writes are still queued
+    os.set_blocking(reader, True)
+    got = 0
+    while got < 4 << 20:
+        got += len(os.read(reader, 1 << 20))
+    drain(tmp_path)
+    os.close(reader)
+    assert (tmp_path / "moved").exists() and not fifo.exists()
+    # a file whose thread is done is moved at once; one moved twice before its thread is done ends at the last name
+    g = BackgroundFile(str(tmp_path / "a"))
+    g.write(b"abc")
+    g.close()
+    fs.mv(f"{path}/a", f"{path}/b")
+    fs.mv(f"{path}/b", f"{path}/c")
+    drained = drain(tmp_path)
+    assert (tmp_path / "c").read_bytes() == b"abc" and not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert written(drained, tmp_path / "c").digest == file_digest(tmp_path / "c")
+    fs.mv(f"{path}/c", f"{path}/d")  # drained: an ordinary rename
+    assert (tmp_path / "d").read_bytes() == b"abc"
