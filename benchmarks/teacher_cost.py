@@ -7,9 +7,12 @@ prefill pass), timed with CUDA events, best of ``--reps`` after a warm-up:
 
   product        ``linear(final, weight)`` alone, bf16 (the least the teacher costs: its matrix product)
   teacher        :func:`~hs_dataset.codec.teacher.teacher_topk` as the plugin calls it
+  teacher_segN   the same with the top-k taken among the best segments of N logits (``segment=N``; 0: of the
+                 whole vocabulary), for each N of ``--segments``
   teacher_torch  the same with ``kernel=False`` (the PyTorch path: float32 logits, their logsumexp and top-k)
   steps          the PyTorch path's steps on one chunk's logits: float32 copy, logsumexp, top-k of the float32 and
-                 of the bf16 logits, and the Triton logsumexp of the bf16 logits
+                 of the bf16 logits; the Triton logsumexp of the bf16 logits, alone and with each segment size's
+                 maxima, and the top-k of the best segments
 
 and each as a share of ``product``. The time a 2,048-token sample's product takes is also given against the
 engine's prefill of it at ``--prefill-tok-s`` (118,024 tok/s: the stand-in's plain prefill, 2026-12-04).
@@ -28,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hs_dataset.codec.teacher import TEACHER_CHUNK, teacher_topk  # noqa: E402
+from hs_dataset.codec.teacher import TEACHER_CHUNK, TOPK_SEGMENT, teacher_topk, topk_of_segments  # noqa: E402
 
 
 def best_ms(fn, reps: int) -> float:
@@ -51,6 +54,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, nargs="+", default=[32000, 163840])
     ap.add_argument("--rows", type=int, nargs="+", default=[2048, 16384])
     ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--segments", type=int, nargs="+", default=[0, 32, 64, 128])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--prefill-tok-s", type=float, default=118024.0)
     ap.add_argument("--json", type=Path)
@@ -59,7 +63,7 @@ def main() -> None:
         sys.exit("teacher_cost.py needs a CUDA GPU")
     from hs_dataset.codec.teacher import warm_up
     res: dict = {"device": torch.cuda.get_device_name(), "hidden": args.hidden, "k": args.k,
-                 "chunk": TEACHER_CHUNK, "kernel": {}, "cases": []}
+                 "chunk": TEACHER_CHUNK, "segment": TOPK_SEGMENT, "kernel": {}, "cases": []}
     g = torch.Generator(device="cuda").manual_seed(0)
     for vocab in args.vocab:
         res["kernel"][vocab] = warm_up(vocab) or "triton"
@@ -82,6 +86,14 @@ def main() -> None:
             if res["kernel"][vocab] == "triton":
                 from hs_dataset.codec.teacher_triton import row_logsumexp
                 case["chunk_ms"]["logsumexp bf16 triton"] = best_ms(lambda: row_logsumexp(logits), args.reps)
+                for seg in args.segments:
+                    case["ms"][f"teacher_seg{seg}"] = best_ms(lambda: teacher_topk(x, w, args.k, segment=seg), args.reps)
+                    if seg:
+                        _, segmax = row_logsumexp(logits, seg)
+                        case["chunk_ms"][f"logsumexp + maxima of {seg}"] = best_ms(lambda: row_logsumexp(logits, seg),
+                                                                                  args.reps)
+                        case["chunk_ms"][f"topk of the best segments of {seg}"] = best_ms(
+                            lambda: topk_of_segments(logits, segmax, args.k, seg), args.reps)
             p = case["ms"]["product"]
             case["vs_product"] = {k: round(v / p, 3) for k, v in case["ms"].items()}
             case["product_share_of_prefill"] = round((p / 1000 / rows) * args.prefill_tok_s, 4)

@@ -18,15 +18,16 @@ import torch
 
 from hs_dataset.layout import parse_teacher
 
-__all__ = ["TEACHER_CHUNK", "parse_teacher", "teacher_topk", "warm_up"]
+__all__ = ["TEACHER_CHUNK", "TOPK_SEGMENT", "parse_teacher", "segment_max", "teacher_topk", "topk_of_segments", "warm_up"]
 
 TEACHER_CHUNK = 1024  # positions per matrix product: [1024, vocab] logits (0.34 GB bf16 at Kimi's 163,840)
+TOPK_SEGMENT = 64  # the kernel path's top-k looks at the k best segments of this many logits (topk_of_segments)
 
 _kernel_error: str | None = None  # why the Triton logsumexp is not used in this process (warm_up could not compile it)
 
 
 def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: int = TEACHER_CHUNK,
-                 kernel: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 kernel: bool | None = None, segment: int = TOPK_SEGMENT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-``k`` of ``log_softmax(final @ weight.T)`` per row: ids int32 ``[n, k]`` (highest first),
     log-probs float32 ``[n, k]``, logsumexp float32 ``[n]``; on ``final``'s device.
 
@@ -37,8 +38,10 @@ def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: in
         kernel: on a CUDA tensor (default, unless :func:`warm_up` could not compile it), the logsumexp is a
             Triton kernel over the logits as they are (:mod:`hs_dataset.codec.teacher_triton`) and the top-k is
             taken of them as they are (their float32 values are the same numbers): no float32 copy of the
-            ``[chunk, vocab]`` logits. Otherwise (the CPU, ``kernel=False``) the logits are copied to float32
-            first and PyTorch takes both: the reference the GPU test holds the kernel to.
+            ``[chunk, vocab]`` logits. The same pass takes each ``segment`` of logits' maximum, and the top-k is
+            taken among the ``k`` best segments only (:func:`topk_of_segments`; 0: of the whole vocabulary).
+            Otherwise (the CPU, ``kernel=False``) the logits are copied to float32 first and PyTorch takes both:
+            the reference the GPU test holds the kernel to.
     """
     if kernel is None:
         kernel = _kernel_error is None and final.is_cuda
@@ -53,16 +56,45 @@ def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: in
         b = min(a + chunk, n)
         logits = torch.nn.functional.linear(final[a:b], w)
         if kernel:
-            s = row_logsumexp(logits)
+            s, segmax = row_logsumexp(logits, segment)
+            vals, top = topk_of_segments(logits, segmax, k, segment) if segmax is not None else logits.topk(k, dim=-1)
         else:
             logits = logits.float()
             s = torch.logsumexp(logits, dim=-1)
-        vals, top = logits.topk(k, dim=-1)
+            vals, top = logits.topk(k, dim=-1)
         ids[a:b] = top
         torch.sub(vals.float(), s[:, None], out=logprobs[a:b])
         lse[a:b] = s
         del logits
     return ids, logprobs, lse
+
+
+def segment_max(logits: torch.Tensor, segment: int) -> torch.Tensor:
+    """The maximum of each ``segment`` consecutive logits of each row, float32 ``[n, ceil(vocab / segment)]`` (what
+    the Triton kernel takes in its logsumexp pass; this is the PyTorch reference of it)."""
+    n, v = logits.shape
+    pad = -v % segment
+    x = torch.nn.functional.pad(logits.float(), (0, pad), value=float("-inf"))
+    return x.view(n, -1, segment).amax(-1)
+
+
+def topk_of_segments(logits: torch.Tensor, segmax: torch.Tensor, k: int,
+                     segment: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits.topk(k)`` (values, int64 ids; highest first) taken among the logits of each row's ``k`` segments
+    with the highest maxima (``segmax``: :func:`segment_max`), ``k * segment`` candidates instead of the vocabulary.
+
+    Exact (up to which of tied logits is taken): the ``k`` chosen segments' maxima are ``k`` logits at least as
+    high as the lowest of them, ``t``, and every logit of another segment is at most its segment's maximum, at
+    most ``t``: so no logit left out is higher than any of the top-``k`` taken.
+    """
+    n, v = logits.shape
+    kk = min(k, segmax.shape[1])
+    best = segmax.topk(kk, dim=-1, sorted=False).indices  # [n, kk]
+    cols = (best[:, :, None] * segment + torch.arange(segment, device=logits.device)).reshape(n, kk * segment)
+    cand = logits.gather(1, cols.clamp_max(v - 1))
+    cand.masked_fill_(cols >= v, float("-inf"))  # the last segment's positions past the vocabulary
+    vals, j = cand.topk(k, dim=-1)
+    return vals, cols.gather(1, j)
 
 
 def warm_up(vocab: int, dtype: torch.dtype = torch.bfloat16) -> str | None:
