@@ -116,7 +116,7 @@ def test_a_dead_scheduler_ends_the_build_in_one_line_and_the_rerun_resumes(llama
     seconds = time.time() - t
     last = text.strip().splitlines()[-1]
     _faults["scheduler_killed"] = {"exit": p.returncode, "seconds_to_exit": round(seconds, 1), "line": last,
-                                   "parts_kept": parts_done(out)}
+                                   "last_lines": text.strip().splitlines()[-12:], "parts_kept": parts_done(out)}
     _dump()
     assert p.returncode == 2, text[-3000:]
     assert last.startswith("hs-dataset build: error: ") and "scheduler" in last and "SIGKILL" in last, last
