@@ -38,8 +38,9 @@ def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: in
         kernel: on a CUDA tensor (default, unless :func:`warm_up` could not compile it), the logsumexp is a
             Triton kernel over the logits as they are (:mod:`hs_dataset.codec.teacher_triton`) and the top-k is
             taken of them as they are (their float32 values are the same numbers): no float32 copy of the
-            ``[chunk, vocab]`` logits. The same pass takes each ``segment`` of logits' maximum, and the top-k is
-            taken among the ``k`` best segments only (:func:`topk_of_segments`; 0: of the whole vocabulary).
+            ``[chunk, vocab]`` logits. The same pass takes the maximum of each ``segment`` consecutive logits, and
+            the top-k is taken among the ``k`` segments with the highest maxima only (:func:`topk_of_segments`;
+            ``segment=0``: of the whole vocabulary).
             Otherwise (the CPU, ``kernel=False``) the logits are copied to float32 first and PyTorch takes both:
             the reference the GPU test holds the kernel to.
     """

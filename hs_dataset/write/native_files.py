@@ -27,7 +27,8 @@ digests, :func:`written` finds a shard's (``datasets`` renames its shards after 
 
 A coded build (``compression=zstd``, ``file_format=parquet``: :mod:`hs_dataset.codec.coding`) opens its staging
 folder as ``native_url(folder, coding=...)``: each shard's thread, once the shard is written, codes it from a
-mapping of the file into ``.coded-<inode>`` beside it, counting its rows and hashing it. So a part's shards are
+mapping of the file into ``.coded-<inode>`` beside it, counting its rows and hashing the coded bytes as it writes
+them (not read back). So a part's shards are
 coded one by one while the next shards are captured, each on its own thread, and the commit finds them coded
 (the build into /dev/shm waited 78% of its commits for coding done there, H200, 2026-12-04).
 
@@ -58,7 +59,6 @@ from fsspec.implementations.local import LocalFileSystem
 
 from hs_dataset.atomic import write_all
 from hs_dataset.codec.coding import code_shard
-from hs_dataset.integrity.checksums import file_digest
 
 __all__ = ["PROTOCOL", "QUEUE_BYTES", "BackgroundFile", "CodedShard", "NativeLocalFileSystem", "Written", "abandon",
            "coding_options", "drain", "native_url", "written"]
@@ -108,6 +108,38 @@ class _Budget:
 _BUDGET = _Budget()
 _files_lock = threading.Lock()
 _files: list[BackgroundFile] = []  # open or still writing, until drain or abandon takes them
+
+
+class _HashedFile(io.RawIOBase):
+    """A new file written in order, hashing what is written (xxh3-128: its content hash, as ``file_digest``)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.name = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._hash = xxhash.xxh3_128()
+        self._offset = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        write_all(self._fd, view)
+        self._hash.update(view)
+        self._offset += len(view)
+        return len(view)
+
+    def tell(self) -> int:
+        return self._offset
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
 
 
 class BackgroundFile(io.RawIOBase):
@@ -213,9 +245,10 @@ class BackgroundFile(io.RawIOBase):
             # Not closed here: Arrow's threads may let go of the last slice of it a moment after the coding
             # returns (closing it then fails); it is unmapped when the last reference goes.
             buf = pa.py_buffer(mmap.mmap(self._fd, self._offset, prot=mmap.PROT_READ))
-            rows = code_shard(str(self._coding), buf, dst, self._state_columns)
+            out = _HashedFile(dst)
+            rows = code_shard(str(self._coding), buf, out, self._state_columns)
             del buf
-            self.coded = CodedShard(dst, rows, file_digest(dst))
+            self.coded = CodedShard(dst, rows, out.hexdigest())
         except Exception as e:  # noqa: BLE001 - raised by drain, naming the file
             self._error = e if isinstance(e, OSError) else RuntimeError(f"{self.name}: coding it failed: {e}")
 

@@ -155,7 +155,7 @@ def test_the_file_system_lists_moves_and_removes_like_the_local_one(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
-def test_a_file_still_being_written_is_moved_by_its_thread_after_its_last_write(tmp_path, monkeypatch):
+def test_a_file_still_being_written_is_moved_by_its_thread_after_its_last_write(tmp_path):
     """datasets numbers its shards by moving them once closed; a rename waits for the file's inode lock, which
     its writes hold, so the move of a file with writes queued is made by its thread and returns at once."""
     fifo = tmp_path / "slow"
@@ -176,7 +176,7 @@ def test_a_file_still_being_written_is_moved_by_its_thread_after_its_last_write(
     drain(tmp_path)
     os.close(reader)
     assert (tmp_path / "moved").exists() and not fifo.exists()
-    # a file whose thread is done is moved at once; one moved twice before its thread is done ends at the last name
+    # moved twice: at the last name, whether its thread was still writing (moved by it) or done (moved at once)
     g = BackgroundFile(str(tmp_path / "a"))
     g.write(b"abc")
     g.close()
