@@ -2,11 +2,10 @@
 
 ``datasets``' writer hands its output file to ``pyarrow.RecordBatchStreamWriter``, which calls the file's
 ``write`` with every buffer of a row; a row's states are passed as they are (a ``pyarrow.Buffer`` over the
-capture's own memory, the ring for SGLang: no copy). Through :class:`NativeLocalFileSystem` (the local file
-system under the protocol ``hsds-native://``; :func:`native_url` gives a folder's URL) a file opened for
-writing is a :class:`BackgroundFile`: ``write`` queues the buffer and returns, and the file's own thread
-writes the queue in order with ``os.write`` (which releases the GIL). So the build's thread does not wait
-for the disk while it has the next rows to prepare, and the shard of a part that is finished is still
+capture's own memory, the ring for SGLang: no copy). Through the file system of :mod:`hs_dataset.write.native_fs`
+a file opened for writing is a :class:`BackgroundFile`: ``write`` queues the buffer and returns, and the file's
+own thread writes the queue in order with ``os.write`` (which releases the GIL). So the build's thread does not
+wait for the disk while it has the next rows to prepare, and the shard of a part that is finished is still
 being written while the next part's shard starts: several files are written at once.
 
 Why files and not threads within a file: a buffered write holds the file's inode lock on tmpfs and ext4.
@@ -26,18 +25,16 @@ digests, :func:`written` finds a shard's (``datasets`` renames its shards after 
 :func:`abandon` drops what a discarded part still had queued.
 
 A coded build (``compression=zstd``, ``file_format=parquet``: :mod:`hs_dataset.codec.coding`) opens its staging
-folder as ``native_url(folder, coding=...)``: each shard's thread, once the shard is written, codes it from a
-mapping of the file into ``.coded-<inode>`` beside it, counting its rows and hashing the coded bytes as it writes
-them (not read back). So a part's shards are
-coded one by one while the next shards are captured, each on its own thread, and the commit finds them coded
-(the build into /dev/shm waited 78% of its commits for coding done there, H200, 2026-12-04).
+folder with :func:`~hs_dataset.write.native_fs.coding_options`: each shard's thread, once the shard is written,
+codes it from a mapping of the file into ``.coded-<inode>`` beside it, counting its rows and hashing the coded
+bytes as it writes them (not read back). So a part's shards are coded one by one while the next shards are
+captured, each on its own thread, and the commit finds them coded (the build into /dev/shm waited 78% of its
+commits for coding done there, H200, 2026-12-04).
 
-``datasets`` treats a file system other than fsspec's own local one as remote and writes straight into the
-folder (no ``.incomplete`` rename), which the build's staging folder does not need. It numbers a part's shards
-once they are closed, by moving each; a move of a file still being written is left to its thread, after its last
-write: a rename takes the file's inode lock, which each ``write`` of the thread holds (tmpfs, ext4), so renaming it
-at once waited for the queue (0.2-0.4 s a shard, 0.5-1.0 s a part on this VM's /dev/shm, the build's thread
-blocked meanwhile).
+``datasets`` numbers a part's shards once they are closed, by moving each (:func:`move`); a move of a file still
+being written is left to its thread, after its last write: a rename takes the file's inode lock, which each
+``write`` of the thread holds (tmpfs, ext4), so renaming it at once waited for the queue (0.2-0.4 s a shard,
+0.5-1.0 s a part on this VM's /dev/shm, the build's thread blocked meanwhile).
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ from __future__ import annotations
 import io
 import mmap
 import os
-import shutil
 import threading
 from collections import deque
 from collections.abc import Mapping
@@ -54,16 +50,12 @@ from typing import Any
 
 import pyarrow as pa
 import xxhash
-from fsspec import AbstractFileSystem, register_implementation
-from fsspec.implementations.local import LocalFileSystem
 
 from hs_dataset.atomic import write_all
 from hs_dataset.codec.coding import code_shard
 
-__all__ = ["PROTOCOL", "QUEUE_BYTES", "BackgroundFile", "CodedShard", "NativeLocalFileSystem", "Written", "abandon",
-           "coding_options", "drain", "native_url", "written"]
+__all__ = ["QUEUE_BYTES", "BackgroundFile", "CodedShard", "Written", "abandon", "drain", "move", "written"]
 
-PROTOCOL = "hsds-native"
 # Queued across all files: about 36 Kimi-width rows of 2,048 tokens, up to 8 shard files of 512 MiB written at once
 # (with 2 GiB, 4: a bf16 build at Kimi width into /dev/shm waited 25% of its time for the queue, H200, 2026-12-04)
 QUEUE_BYTES = 4 << 30
@@ -295,76 +287,11 @@ def abandon(folder: str | os.PathLike) -> None:
         f._finish(drop=True)
 
 
-class NativeLocalFileSystem(AbstractFileSystem):
-    """The local file system as ``hsds-native://`` paths, files opened for writing as :class:`BackgroundFile`."""
-
-    protocol = PROTOCOL
-    root_marker = "/"
-
-    def __init__(self, coding: str | None = None, state_columns: tuple[str, ...] = (), **kwargs: Any):
-        """``coding``, ``state_columns``: each file opened for writing is coded once written (:class:`BackgroundFile`)."""
-        super().__init__(coding=coding, state_columns=tuple(state_columns), **kwargs)
-        self._coding, self._state_columns = coding, tuple(state_columns)
-        self._local = LocalFileSystem()
-
-    @classmethod
-    def _strip_protocol(cls, path: Any) -> str:
-        path = str(path)
-        if path.startswith(PROTOCOL + "://"):
-            path = path[len(PROTOCOL) + 3:]
-        return LocalFileSystem._strip_protocol(path)
-
-    def unstrip_protocol(self, name: str) -> str:
-        return f"{PROTOCOL}://{self._strip_protocol(name)}"
-
-    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        path = self._strip_protocol(path)
-        if "w" in mode:  # a shard is coded, never the folder's other files (dataset_info.json)
-            return BackgroundFile(path, self._coding if path.endswith(".arrow") else None, self._state_columns)
-        return self._local._open(path, mode, **kwargs)
-
-    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
-        return self._local.ls(self._strip_protocol(path), detail=detail, **kwargs)
-
-    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        return self._local.info(self._strip_protocol(path), **kwargs)
-
-    def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        os.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
-
-    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        self._local.mkdir(self._strip_protocol(path), create_parents=create_parents, **kwargs)
-
-    def mv(self, path1: str, path2: str, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
-        """A file still being written is moved by its thread after its last write (module docstring)."""
-        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
-        with _files_lock:
-            writing = next((f for f in _files if f.name == src), None)
-        if writing is None or not writing.move_later(dst):
-            os.replace(src, dst)
-
-    def rm_file(self, path: str) -> None:
-        os.unlink(self._strip_protocol(path))
-
-    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
-        for p in path if isinstance(path, list) else [path]:
-            p = self._strip_protocol(p)
-            if os.path.isdir(p):
-                shutil.rmtree(p) if recursive else os.rmdir(p)
-            elif os.path.exists(p):
-                os.unlink(p)
-
-
-register_implementation(PROTOCOL, NativeLocalFileSystem, clobber=True)
-
-
-def native_url(path: str | os.PathLike) -> str:
-    """``hsds-native://<absolute path>``: a folder ``datasets`` then writes into through :class:`BackgroundFile`
-    (its shards coded once written with ``storage_options=coding_options(...)``)."""
-    return f"{PROTOCOL}://{os.path.abspath(path)}"
-
-
-def coding_options(coding: str | None, state_columns: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The ``storage_options`` of a :func:`native_url` whose ``.arrow`` files are coded once written
-    (``coding``: ``"zstd"``, ``"parquet"``, or None: not coded)."""
-    return {"coding": coding, "state_columns": tuple(state_columns)} if coding else {}
+def move(src: str, dst: str) -> None:
+    """Move the file at ``src`` to ``dst``; a file still being written is moved by its own thread after its last
+    write (a rename waits for the inode lock its writes hold: the module docstring), and is at ``dst`` once
+    :func:`drain` returns."""
+    with _files_lock:
+        writing = next((f for f in _files if f.name == src), None)
+    if writing is None or not writing.move_later(dst):
+        os.replace(src, dst)

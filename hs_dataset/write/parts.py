@@ -23,7 +23,8 @@ import datasets
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.builder import HiddenStatesBuilder
 from hs_dataset.write.drop_rows import drop_rows, recount
-from hs_dataset.write.native_files import CodedShard, Written, abandon, coding_options, drain, native_url, written
+from hs_dataset.write.native_files import CodedShard, Written, abandon, drain, written
+from hs_dataset.write.native_fs import coding_options, native_url
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
@@ -52,7 +53,7 @@ def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesC
     """``download_and_prepare`` into ``staging``; an error is raised as itself, not wrapped by datasets."""
     err: BaseException | None = None
     try:
-        # through NativeLocalFileSystem: each shard written by a thread of its own (hs_dataset.write.native_files)
+        # through NativeLocalFileSystem: each shard written by a thread of its own (hs_dataset.write.native_fs)
         # always Arrow (zero-copy from the ring); a coded build's shards are coded by that thread once written
         coding = _coding(config)
         builder.download_and_prepare(native_url(staging), file_format="arrow",

@@ -19,7 +19,8 @@ from datasets.arrow_writer import ArrowWriter
 from hs_dataset.codec.encode import make_features, row_table
 from hs_dataset.write import native_files
 from hs_dataset.integrity.checksums import file_digest
-from hs_dataset.write.native_files import BackgroundFile, coding_options, drain, native_url, written
+from hs_dataset.write.native_files import BackgroundFile, drain, written
+from hs_dataset.write.native_fs import coding_options, native_url
 
 
 def test_datasets_writes_the_same_shard_through_a_background_file(tmp_path):
