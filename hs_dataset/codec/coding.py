@@ -44,7 +44,7 @@ from typing import TypeAlias
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["CDC_OPTIONS", "CODED_SHARD_BYTES", "ZSTD_LEVEL", "Sink", "Source", "arrow_to_parquet", "code_shard",
+__all__ = ["CDC_OPTIONS", "CODED_SHARD_BYTES", "ZSTD_LEVEL", "Source", "arrow_to_parquet", "code_shard",
            "compress_arrow"]
 
 CODED_SHARD_BYTES = 128 * 2**20  # staging shards of a coded build: each coded as soon as it is written
@@ -63,20 +63,13 @@ def _leaves(name: str, t: pa.DataType) -> list[str]:
 Source: TypeAlias = "str | os.PathLike[str] | pa.Buffer"  # an Arrow IPC stream: its file, or its bytes (a mapping of its file)
 
 
-# the coded shard: its path, or a file written in order (closed when done)
-Sink: TypeAlias = "str | os.PathLike[str] | io.RawIOBase"
-
-
 def _stream(src: Source) -> pa.NativeFile:
     return pa.BufferReader(src) if isinstance(src, pa.Buffer) else pa.memory_map(str(src))
 
 
-def _sink(dst: Sink) -> pa.NativeFile:
-    return pa.OSFile(str(dst), "wb") if isinstance(dst, (str, os.PathLike)) else pa.PythonFile(dst, mode="w")
-
-
-def arrow_to_parquet(src: Source, dst: Sink, state_columns: list[str] | tuple[str, ...]) -> int:
-    """Write the rows of the Arrow IPC stream ``src`` as the Parquet file ``dst`` (state columns
+def arrow_to_parquet(src: Source, dst: io.RawIOBase, state_columns: list[str] | tuple[str, ...]) -> int:
+    """Write the rows of the Arrow IPC stream ``src`` as a Parquet file into ``dst`` (written in order, closed when
+    done; state columns
     byte-planed + zstd, the rest zstd); returns the rows written."""
     rows = 0
     with _stream(src) as f:
@@ -84,7 +77,7 @@ def arrow_to_parquet(src: Source, dst: Sink, state_columns: list[str] | tuple[st
         schema = reader.schema
         planes = [leaf for c in state_columns if c in schema.names for leaf in _leaves(c, schema.field(c).type)]
         others = [leaf for c in schema.names if c not in state_columns for leaf in _leaves(c, schema.field(c).type)]
-        with _sink(dst) as out, pq.ParquetWriter(
+        with pa.PythonFile(dst, mode="w") as out, pq.ParquetWriter(
                 out, schema, compression="zstd", compression_level=ZSTD_LEVEL, use_dictionary=others,
                 column_encoding={leaf: "BYTE_STREAM_SPLIT" for leaf in planes},
                 use_content_defined_chunking=CDC_OPTIONS, write_page_index=True) as w:
@@ -94,13 +87,13 @@ def arrow_to_parquet(src: Source, dst: Sink, state_columns: list[str] | tuple[st
     return rows
 
 
-def compress_arrow(src: Source, dst: Sink) -> int:
-    """Write the rows of the Arrow IPC stream ``src`` as the Arrow IPC stream ``dst``, its buffers
+def compress_arrow(src: Source, dst: io.RawIOBase) -> int:
+    """Write the rows of the Arrow IPC stream ``src`` as an Arrow IPC stream into ``dst`` (closed when done), its buffers
     compressed with zstd (same schema and metadata, same record batches); returns the rows written.
     A batch's buffers are compressed side by side on Arrow's threads (the bytes do not depend on it)."""
     rows = 0
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=ZSTD_LEVEL), use_threads=True)
-    with _stream(src) as f, _sink(dst) as out:
+    with _stream(src) as f, pa.PythonFile(dst, mode="w") as out:
         reader = pa.ipc.open_stream(f)
         with pa.ipc.new_stream(out, reader.schema, options=options) as w:
             for batch in reader:
@@ -109,7 +102,7 @@ def compress_arrow(src: Source, dst: Sink) -> int:
     return rows
 
 
-def code_shard(coding: str, src: Source, dst: Sink, state_columns: tuple[str, ...] = ()) -> int:
+def code_shard(coding: str, src: Source, dst: io.RawIOBase, state_columns: tuple[str, ...] = ()) -> int:
     """Code the Arrow IPC stream ``src`` into ``dst``: ``coding`` ``"zstd"`` (:func:`compress_arrow`) or
     ``"parquet"`` (:func:`arrow_to_parquet`, ``state_columns`` byte-planed); returns the rows written."""
     if coding == "parquet":

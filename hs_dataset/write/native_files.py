@@ -52,9 +52,10 @@ import pyarrow as pa
 import xxhash
 
 from hs_dataset.atomic import write_all
-from hs_dataset.codec.coding import code_shard
+from hs_dataset.codec.coding import Source, code_shard
 
-__all__ = ["QUEUE_BYTES", "BackgroundFile", "CodedShard", "Written", "abandon", "drain", "move", "written"]
+__all__ = ["QUEUE_BYTES", "BackgroundFile", "CodedShard", "Written", "abandon", "code_file", "drain", "move",
+           "written"]
 
 # Queued across all files: about 36 Kimi-width rows of 2,048 tokens, up to 8 shard files of 512 MiB written at once
 # (with 2 GiB, 4: a bf16 build at Kimi width into /dev/shm waited 25% of its time for the queue, H200, 2026-12-04)
@@ -132,6 +133,14 @@ class _HashedFile(io.RawIOBase):
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
+
+
+def code_file(coding: str, src: Source, dst: str, state_columns: tuple[str, ...] = ()) -> CodedShard:
+    """Code the Arrow IPC stream ``src`` into the new file ``dst`` (:func:`hs_dataset.codec.coding.code_shard`),
+    counting its rows and hashing the coded bytes as they are written (the file is not read back)."""
+    out = _HashedFile(dst)
+    rows = code_shard(coding, src, out, state_columns)
+    return CodedShard(dst, rows, out.hexdigest())
 
 
 class BackgroundFile(io.RawIOBase):
@@ -237,10 +246,8 @@ class BackgroundFile(io.RawIOBase):
             # Not closed here: Arrow's threads may let go of the last slice of it a moment after the coding
             # returns (closing it then fails); it is unmapped when the last reference goes.
             buf = pa.py_buffer(mmap.mmap(self._fd, self._offset, prot=mmap.PROT_READ))
-            out = _HashedFile(dst)
-            rows = code_shard(str(self._coding), buf, out, self._state_columns)
+            self.coded = code_file(str(self._coding), buf, dst, self._state_columns)
             del buf
-            self.coded = CodedShard(dst, rows, out.hexdigest())
         except Exception as e:  # noqa: BLE001 - raised by drain, naming the file
             self._error = e if isinstance(e, OSError) else RuntimeError(f"{self.name}: coding it failed: {e}")
 

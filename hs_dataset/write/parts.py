@@ -23,7 +23,7 @@ import datasets
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.builder import HiddenStatesBuilder
 from hs_dataset.write.drop_rows import drop_rows, recount
-from hs_dataset.write.native_files import CodedShard, Written, abandon, drain, written
+from hs_dataset.write.native_files import CodedShard, Written, abandon, code_file, drain, written
 from hs_dataset.write.native_fs import coding_options, native_url
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
@@ -33,9 +33,9 @@ from hs_dataset.interrupts import check_interrupt
 from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
-from hs_dataset.codec.coding import CODED_SHARD_BYTES, code_shard
+from hs_dataset.codec.coding import CODED_SHARD_BYTES
 from hs_dataset.codec.encode import stored_state_columns
-from hs_dataset.integrity.checksums import file_digest, shard_entry
+from hs_dataset.integrity.checksums import shard_entry
 from hs_dataset.layout import DATA_DIR, shard_name
 from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.records import Counts
@@ -148,9 +148,7 @@ def _coded(src: str, drained: Mapping[tuple[int, int, int], Written], coding: st
     done = written(drained, src)
     if done is not None and done.coded is not None:
         return done.coded
-    dst = os.path.join(os.path.dirname(src), ".coded-" + os.path.basename(src))
-    rows = code_shard(coding, src, dst, state_columns)
-    return CodedShard(dst, rows, file_digest(dst))
+    return code_file(coding, src, os.path.join(os.path.dirname(src), ".coded-" + os.path.basename(src)), state_columns)
 
 
 def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
