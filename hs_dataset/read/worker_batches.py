@@ -33,7 +33,9 @@ class WorkerBuffers:
 
     Args:
         count: buffers kept per worker: the batches of a worker in flight (``prefetch_factor``, default 2),
-            plus one the trainer holds and one being written. 0: fresh memory for every batch.
+            plus one the trainer holds and one being written. 0: fresh memory for every batch. Once the other
+            workers of a streaming DataLoader have ended, all of its ``prefetch_factor * num_workers`` batches
+            in flight come from the last one: it then takes fresh memory for those past ``count``.
     """
 
     def __init__(self, count: int):

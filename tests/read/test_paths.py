@@ -46,13 +46,14 @@ def test_streaming_is_the_mapped_shards_as_an_iterable_dataset(build, ref):
 
 
 class Recording(DrafterCollator):
-    """Adds to each batch the worker's buffer count and the buffer index it used (-1: fresh memory)."""
+    """Adds to each batch the worker's buffer count, the buffer index it used (-1: fresh memory) and the worker."""
 
     def __call__(self, samples):
         batch = super().__call__(samples)
         release = getattr(batch, "_release", None)
+        info = torch.utils.data.get_worker_info()
         batch["buffers"] = torch.tensor([len(self._shared.storages) if self._shared else 0,
-                                         release[1] if release else -2])
+                                         release[1] if release else -2, info.id if info else -1])
         return batch
 
 
@@ -68,19 +69,28 @@ def test_worker_buffers_are_reused_once_the_trainer_drops_a_batch(build, ref, st
     by_id = {r["id"]: r for r in ref}
     loader = DataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=Recording(),
                         **({} if streaming else {"shuffle": True, "generator": torch.Generator().manual_seed(0)}))
-    used, seen = [], []
+    used, seen, workers = [], [], []
     for batch in loader:  # the trainer drops each batch before the next: the workers' buffers come back
         assert batch["aux_hidden_states"].is_shared()
-        count, index = batch["buffers"].tolist()
+        count, index, worker = batch["buffers"].tolist()
         used.append(index)
-        assert count <= 4 and index >= 0, (count, index)
+        workers.append(worker)
+        assert count <= 4 and index >= -1, (count, index)
         ids = [next(r["id"] for r in ref if torch.equal(batch["input_ids"][b], r["input_ids"].long()))
                for b in range(BATCH)]
         check(batch, [by_id[i] for i in ids])
         seen += ids
         del batch
     assert sorted(seen) == sorted(by_id) and len(used) == 20
-    assert len(used) > len(set(used))  # 20 batches through at most 4 buffers per worker
+    # a worker takes fresh memory only when every one of its 4 buffers is in flight or held. Map-style, the
+    # sampler's batches alternate between the workers: never. Streaming, 5 shards over 2 workers give them 12
+    # and 8 batches: once the one with 8 has ended, the other has all of the DataLoader's 4 batches in flight
+    # plus the one the trainer holds, and may take fresh memory, only then.
+    fresh = [k for k, index in enumerate(used) if index == -1]
+    ended = max(k for k, w in enumerate(workers) if w != workers[-1])
+    assert all(k > ended for k in fresh) if streaming else not fresh, (used, workers)
+    kept = [index for index in used if index >= 0]
+    assert len(kept) > len(set(kept))  # 20 batches through at most 4 buffers per worker
 
 
 def test_batches_the_trainer_holds_are_never_written_over(build, ref):
