@@ -6,8 +6,9 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 
-__all__ = ["describe_exit", "set_parent_death_signal"]
+__all__ = ["describe_exit", "set_parent_death_signal", "settle_resource_tracker"]
 
 
 def describe_exit(code: int | None) -> str:
@@ -37,3 +38,26 @@ def set_parent_death_signal(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def settle_resource_tracker(timeout: float = 3.0) -> None:
+    """Before a process that ran child processes prints its last line and exits: let go of multiprocessing's
+    resource tracker and wait up to ``timeout`` s for it to end, so that what it prints when it cleans up after
+    a child that was killed (``resource_tracker: There appear to be 1 leaked semaphore objects``) comes before
+    that line, not after the process is gone. Only at exit: the tracker unlinks what is still registered."""
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker
+    fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
+    if fd is None or pid is None:
+        return
+    tracker._fd = tracker._pid = None  # a later use starts a new tracker
+    os.close(fd)  # the tracker ends once every process holding this pipe (ours, our children's) closed it
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.02)

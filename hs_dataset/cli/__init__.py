@@ -39,6 +39,7 @@ from hs_dataset.cli.scale import register as register_scale
 from hs_dataset.cli.verify import register as register_verify
 from hs_dataset.errors import BuildInterrupted, HsDatasetError
 from hs_dataset.interrupts import interrupt_or_defer
+from hs_dataset.processes import settle_resource_tracker
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_USER_ERROR", "cmd_build", "load_preset", "main", "make_parser",
            "parse_value", "run"]
@@ -94,9 +95,10 @@ class _Terminated:
         interrupt_or_defer()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     """Run one command; return its exit status (2: an error the message says how to fix, 130: Ctrl-C,
-    143: SIGTERM; after either, the same command resumes a build)."""
+    143: SIGTERM; after either, the same command resumes a build). ``exiting``: the process exits next
+    (:func:`run`): after SGLang ran, a failure's line is printed once the resource tracker has ended."""
     a: argparse.Namespace | None = None
     terminated = _Terminated()
     main_thread = threading.current_thread() is threading.main_thread()
@@ -110,12 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     except HsDatasetError as e:
         if _debug(a):
             traceback.print_exc()
+        if exiting and "sglang" in sys.modules:
+            settle_resource_tracker()  # what it prints after a killed scheduler comes before our last line
         prog = f"hs-dataset {a.cmd}" if a is not None else "hs-dataset"
         print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt as e:
         if _debug(a):
             traceback.print_exc()
+        if exiting and "sglang" in sys.modules:
+            settle_resource_tracker()
         what = "terminated (SIGTERM)" if terminated.seen else "interrupted"
         if isinstance(e, BuildInterrupted) and e.parts_total:
             print(f"\nhs-dataset: {what} after {e.parts_done} of {e.parts_total} parts; run the same command "
@@ -140,7 +146,7 @@ def run() -> None:
     resource tracker its shutdown killed) would print tracebacks and logging errors after the summary,
     and a successful build must end with its summary line.
     """
-    status = main()
+    status = main(exiting=True)
     if "sglang" in sys.modules:
         for stream in (sys.stdout, sys.stderr):
             try:
