@@ -6,7 +6,9 @@ Kimi-width stand-in's; 163,840: Kimi-K2.5's), ``--rows`` positions per call (2,0
 prefill pass), timed with CUDA events, best of ``--reps`` after a warm-up:
 
   product        ``linear(final, weight)`` alone, bf16 (the least the teacher costs: its matrix product)
-  teacher        :func:`~hs_dataset.codec.teacher.teacher_topk` as the plugin calls it
+  teacher        :func:`~hs_dataset.codec.teacher.teacher_topk` as the plugin calls it (positions per matrix
+                 product: ``chunk_rows`` of the vocabulary)
+  teacher_chunkN the same with N positions per matrix product, for each N of ``--chunks``
   teacher_segN   the same with the top-k taken among the best segments of N logits (``segment=N``; 0: of the
                  whole vocabulary), for each N of ``--segments``
   teacher_torch  the same with ``kernel=False`` (the PyTorch path: float32 logits, their logsumexp and top-k)
@@ -31,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hs_dataset.codec.teacher import TEACHER_CHUNK, TOPK_SEGMENT, teacher_topk, topk_of_segments  # noqa: E402
+from hs_dataset.codec.teacher import TOPK_SEGMENT, chunk_rows, teacher_topk, topk_of_segments  # noqa: E402
 
 
 def best_ms(fn, reps: int) -> float:
@@ -55,6 +57,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[2048, 16384])
     ap.add_argument("--k", type=int, default=64)
     ap.add_argument("--segments", type=int, nargs="+", default=[0, 32, 64, 128])
+    ap.add_argument("--chunks", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--prefill-tok-s", type=float, default=118024.0)
     ap.add_argument("--json", type=Path)
@@ -63,14 +66,14 @@ def main() -> None:
         sys.exit("teacher_cost.py needs a CUDA GPU")
     from hs_dataset.codec.teacher import warm_up
     res: dict = {"device": torch.cuda.get_device_name(), "hidden": args.hidden, "k": args.k,
-                 "chunk": TEACHER_CHUNK, "segment": TOPK_SEGMENT, "kernel": {}, "cases": []}
+                 "chunk": {v: chunk_rows(v) for v in args.vocab}, "segment": TOPK_SEGMENT, "kernel": {}, "cases": []}
     g = torch.Generator(device="cuda").manual_seed(0)
     for vocab in args.vocab:
         res["kernel"][vocab] = warm_up(vocab) or "triton"
         w = (torch.randn(vocab, args.hidden, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
         for rows in args.rows:
             x = torch.randn(rows, args.hidden, device="cuda", generator=g).to(torch.bfloat16)
-            c = min(rows, TEACHER_CHUNK)
+            c = min(rows, chunk_rows(vocab))
             logits = torch.nn.functional.linear(x[:c], w)
             lf = logits.float()
             case = {"vocab": vocab, "rows": rows, "ms": {
@@ -83,6 +86,10 @@ def main() -> None:
                 "topk float32": best_ms(lambda: lf.topk(args.k, -1), args.reps),
                 "topk bf16": best_ms(lambda: logits.topk(args.k, -1), args.reps),
             }}
+            for chunk in args.chunks:
+                if chunk <= rows:
+                    case["ms"][f"teacher_chunk{chunk}"] = best_ms(lambda: teacher_topk(x, w, args.k, chunk=chunk),
+                                                                  args.reps)
             if res["kernel"][vocab] == "triton":
                 from hs_dataset.codec.teacher_triton import row_logsumexp
                 case["chunk_ms"]["logsumexp bf16 triton"] = best_ms(lambda: row_logsumexp(logits), args.reps)

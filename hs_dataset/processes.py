@@ -7,6 +7,7 @@ import ctypes
 import os
 import signal
 import time
+from typing import Any
 
 __all__ = ["describe_exit", "set_parent_death_signal", "settle_resource_tracker"]
 
@@ -47,7 +48,7 @@ def settle_resource_tracker(timeout: float = 3.0) -> None:
     that line, not after the process is gone. Only at exit: the tracker unlinks what is still registered."""
     from multiprocessing import resource_tracker
 
-    tracker = resource_tracker._resource_tracker
+    tracker: Any = resource_tracker._resource_tracker  # private: its fd and pid (Python 3.8 to 3.13)
     fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
     if fd is None or pid is None:
         return

@@ -14,19 +14,29 @@ Torch only: the SGLang plugin imports this module in the scheduler process.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from hs_dataset.layout import parse_teacher
 
-__all__ = ["TEACHER_CHUNK", "TOPK_SEGMENT", "parse_teacher", "segment_max", "teacher_topk", "topk_of_segments", "warm_up"]
+__all__ = ["TEACHER_CHUNK_BYTES", "TOPK_SEGMENT", "chunk_rows", "parse_teacher", "segment_max", "teacher_topk",
+           "teacher_topk_spans", "topk_of_segments", "warm_up"]
 
-TEACHER_CHUNK = 1024  # positions per matrix product: [1024, vocab] logits (0.34 GB bf16 at Kimi's 163,840)
+TEACHER_CHUNK_BYTES = 256 << 20  # the logits of one matrix product, at least 1,024 positions (chunk_rows)
 TOPK_SEGMENT = 64  # the kernel path's top-k looks at the k best segments of this many logits (topk_of_segments)
 
 _kernel_error: str | None = None  # why the Triton logsumexp is not used in this process (warm_up could not compile it)
 
 
-def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: int = TEACHER_CHUNK,
+def chunk_rows(vocab: int, itemsize: int = 2) -> int:
+    """Positions per matrix product: logits of about :data:`TEACHER_CHUNK_BYTES`, at least 1,024 positions
+    (4,194 at the stand-in's vocabulary of 32,000; 1,024 at Kimi's 163,840: 0.34 GB of bf16 logits). Each chunk
+    also launches the top-k's kernels, whose cost is mostly per launch up to a few thousand positions."""
+    return max(1024, TEACHER_CHUNK_BYTES // (itemsize * max(vocab, 1)))
+
+
+def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: int | None = None,
                  kernel: bool | None = None, segment: int = TOPK_SEGMENT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-``k`` of ``log_softmax(final @ weight.T)`` per row: ids int32 ``[n, k]`` (highest first),
     log-probs float32 ``[n, k]``, logsumexp float32 ``[n]``; on ``final``'s device.
@@ -35,6 +45,7 @@ def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: in
     product runs in ``final``'s dtype (bf16, as the model's ``lm_head``), the softmax in float32.
 
     Args:
+        chunk: positions per matrix product (default: :func:`chunk_rows` of the vocabulary).
         kernel: on a CUDA tensor (default, unless :func:`warm_up` could not compile it), the logsumexp is a
             Triton kernel over the logits as they are (:mod:`hs_dataset.codec.teacher_triton`) and the top-k is
             taken of them as they are (their float32 values are the same numbers): no float32 copy of the
@@ -53,6 +64,7 @@ def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: in
     logprobs = torch.empty((n, k), dtype=torch.float32, device=final.device)
     lse = torch.empty((n,), dtype=torch.float32, device=final.device)
     w = weight.to(final.dtype)
+    chunk = chunk or chunk_rows(w.shape[0], w.element_size())
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
         logits = torch.nn.functional.linear(final[a:b], w)
@@ -68,6 +80,29 @@ def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: in
         lse[a:b] = s
         del logits
     return ids, logprobs, lse
+
+
+def teacher_topk_spans(final: torch.Tensor, weight: torch.Tensor,
+                       spans: list[tuple[int, int, int]]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """:func:`teacher_topk` of the rows ``final[off:off + n]`` of each span ``(off, n, k)`` (one prefill pass's
+    requests), in that order: spans that follow one another with the same ``k`` are computed in one call, so
+    a pass of short requests takes as few matrix products and top-k launches as one long request."""
+    order = sorted(range(len(spans)), key=lambda i: spans[i][0])
+    out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = [None] * len(spans)
+    i = 0
+    while i < len(order):
+        j = i + 1
+        while (j < len(order) and spans[order[j]][0] == spans[order[j - 1]][0] + spans[order[j - 1]][1]
+               and spans[order[j]][2] == spans[order[i]][2]):
+            j += 1
+        lo = spans[order[i]][0]
+        hi = spans[order[j - 1]][0] + spans[order[j - 1]][1]
+        ids, logprobs, lse = teacher_topk(final[lo:hi], weight, spans[order[i]][2])
+        for m in order[i:j]:
+            a, b = spans[m][0] - lo, spans[m][0] - lo + spans[m][1]
+            out[m] = (ids[a:b], logprobs[a:b], lse[a:b])
+        i = j
+    return [cast(tuple[torch.Tensor, torch.Tensor, torch.Tensor], t) for t in out]  # every span's is set
 
 
 def segment_max(logits: torch.Tensor, segment: int) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 from hs_dataset.capture.transport import ENCODINGS, PLUGIN_STATS, RingWriter, parse_rid, request_spans
 from hs_dataset.codec.state_scan import scan_state
 from hs_dataset.codec.state_stats import span_stats
-from hs_dataset.codec.teacher import teacher_topk
+from hs_dataset.codec.teacher import teacher_topk_spans
 from hs_dataset.errors import RequestError, TransportError
 
 __all__ = ["Completer", "PluginState", "S", "atomic_json", "aux_states", "copy_pass", "ring_of"]
@@ -171,11 +171,12 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
             pt = torch.stack([sc.stats(fp8=enc == ENCODINGS["fp8_e4m3"]) for sc in scans])
             per_token[enc] = torch.empty(pt.shape, dtype=torch.float64, pin_memory=True)
             per_token[enc].copy_(pt, non_blocking=True)
+        asks = [(ring, info, off, n) for ring, info, off, _, n in todo if info.teacher_k]
         teachers = {}
-        for ring, info, off, start, n in todo:
-            if info.teacher_k:
-                weight = lm_head.weight[:S.vocab_size] if S.vocab_size else lm_head.weight
-                teachers[(id(ring), info.seq)] = teacher_topk(final[off:off + n], weight, info.teacher_k)
+        if asks:  # the pass's requests that ask for it, in as few matrix products as their rows allow
+            weight = lm_head.weight[:S.vocab_size] if S.vocab_size else lm_head.weight
+            tops = teacher_topk_spans(final, weight, [(off, n, info.teacher_k) for _, info, off, n in asks])
+            teachers = {(id(ring), info.seq): t for (ring, info, _, _), t in zip(asks, tops)}
         nbytes = 0
         for ring, info, off, start, n in todo:
             for pos, k in info.pieces(start, n):  # a windowed region wraps: positions modulo its rows
