@@ -7,6 +7,7 @@ import ctypes
 import os
 import signal
 import time
+from multiprocessing import resource_tracker
 from typing import Any
 
 __all__ = ["describe_exit", "set_parent_death_signal", "settle_resource_tracker"]
@@ -46,8 +47,6 @@ def settle_resource_tracker(timeout: float = 3.0) -> None:
     resource tracker and wait up to ``timeout`` s for it to end, so that what it prints when it cleans up after
     a child that was killed (``resource_tracker: There appear to be 1 leaked semaphore objects``) comes before
     that line, not after the process is gone. Only at exit: the tracker unlinks what is still registered."""
-    from multiprocessing import resource_tracker
-
     tracker: Any = resource_tracker._resource_tracker  # private: its fd and pid (Python 3.8 to 3.13)
     fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
     if fd is None or pid is None:
