@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""fp8 states decoded on the CPU (the reader's ``fp8_decode``, issue 26's "reader decoded GB/s"): PyTorch's
+float8 -> float32 cast against the bits moved into float32 (:func:`hs_dataset.codec.fp8._dequantize_cpu`).
+
+Both give the same bits (``tests/codec/test_fp8_decode.py``). Measured in one run, interleaved, best of
+``--reps``, on Kimi-width states (``--tokens`` x 7,168, 4 states a row):
+
+  state   one [T, H] state: ``fp8_dequantize`` by the cast, and by the bits
+  row     ``decode_row`` of each row of an fp8 build in /dev/shm (``--samples`` rows: the shard read from
+          memory, a fresh bf16 tensor per state), with the decode swapped for the cast, and as it is
+
+Printed: decoded GB/s (bf16 bytes out) for each, and the bits' ratio to the cast.
+
+    python benchmarks/fp8_decode.py --json benchmarks/results/<date>-<machine>-fp8-decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hs_dataset.codec import encode, fp8  # noqa: E402
+
+
+def by_cast(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The definition, as PyTorch's cast computes it (the decode before the bits path)."""
+    return (bits.view(torch.float8_e4m3fn).float() * scale.unsqueeze(-1).float()).to(torch.bfloat16)
+
+
+def best(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    from hs_dataset.read.decode import decode_row
+    from hs_dataset.read.open import open_dataset
+    from tests.fixtures.builds import random_build
+
+    x = torch.randn(args.tokens, args.hidden).to(torch.bfloat16)
+    bits, scale = fp8.fp8_quantize(x)
+    assert torch.equal(fp8.fp8_dequantize(bits, scale).view(torch.int16), by_cast(bits, scale).view(torch.int16))
+    state_bytes = x.numel() * 2
+    res: dict = {"machine": platform.node(), "threads": torch.get_num_threads(), "tokens": args.tokens,
+                 "hidden": args.hidden, "samples": args.samples, "reps": args.reps}
+    cast_s, bits_s = [], []
+    for _ in range(args.reps):  # interleaved
+        cast_s.append(best(lambda: by_cast(bits, scale), 1))
+        bits_s.append(best(lambda: fp8.fp8_dequantize(bits, scale), 1))
+    res["state"] = {"cast_gb_s": state_bytes / min(cast_s) / 1e9, "bits_gb_s": state_bytes / min(bits_s) / 1e9}
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as d:
+        out = random_build(Path(d), samples=args.samples, tokens=args.tokens, hidden=args.hidden,
+                           storage_dtype="fp8_e4m3", part_size=args.samples)
+        table = open_dataset(out).data.table
+        row_bytes = 4 * state_bytes
+
+        def rows() -> None:
+            for i in range(table.num_rows):
+                decode_row(table, i)
+
+        rows()  # the shard's pages in memory
+        cast_r, bits_r = [], []
+        for _ in range(args.reps):
+            encode.fp8_dequantize = by_cast  # what fp8_decode calls
+            try:
+                cast_r.append(best(rows, 1))
+            finally:
+                encode.fp8_dequantize = fp8.fp8_dequantize
+            bits_r.append(best(rows, 1))
+        n = table.num_rows * row_bytes
+        res["row"] = {"cast_gb_s": n / min(cast_r) / 1e9, "bits_gb_s": n / min(bits_r) / 1e9}
+    for k in ("state", "row"):
+        res[k]["ratio"] = res[k]["bits_gb_s"] / res[k]["cast_gb_s"]
+        print(f"{k:5s}  cast {res[k]['cast_gb_s']:.2f} GB/s  bits {res[k]['bits_gb_s']:.2f} GB/s  "
+              f"({res[k]['ratio']:.2f}x)  [{res['threads']} threads]")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
