@@ -37,13 +37,11 @@ def by_cast(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (bits.view(torch.float8_e4m3fn).float() * scale.unsqueeze(-1).float()).to(torch.bfloat16)
 
 
-def best(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+def seconds(fn) -> float:
+    """One timed call (the runs of the two ways are interleaved by the caller, the best of each kept)."""
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def main() -> None:
@@ -66,8 +64,8 @@ def main() -> None:
                  "hidden": args.hidden, "samples": args.samples, "reps": args.reps}
     cast_s, bits_s = [], []
     for _ in range(args.reps):  # interleaved
-        cast_s.append(best(lambda: by_cast(bits, scale), 1))
-        bits_s.append(best(lambda: fp8.fp8_dequantize(bits, scale), 1))
+        cast_s.append(seconds(lambda: by_cast(bits, scale)))
+        bits_s.append(seconds(lambda: fp8.fp8_dequantize(bits, scale)))
     res["state"] = {"cast_gb_s": state_bytes / min(cast_s) / 1e9, "bits_gb_s": state_bytes / min(bits_s) / 1e9}
 
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as d:
@@ -85,10 +83,10 @@ def main() -> None:
         for _ in range(args.reps):
             encode.fp8_dequantize = by_cast  # what fp8_decode calls
             try:
-                cast_r.append(best(rows, 1))
+                cast_r.append(seconds(rows))
             finally:
                 encode.fp8_dequantize = fp8.fp8_dequantize
-            bits_r.append(best(rows, 1))
+            bits_r.append(seconds(rows))
         n = table.num_rows * row_bytes
         res["row"] = {"cast_gb_s": n / min(cast_r) / 1e9, "bits_gb_s": n / min(bits_r) / 1e9}
     for k in ("state", "row"):
