@@ -14,7 +14,7 @@ prefill pass), timed with CUDA events, best of ``--reps`` after a warm-up:
   teacher_torch  the same with ``kernel=False`` (the PyTorch path: float32 logits, their logsumexp and top-k)
   steps          the PyTorch path's steps on one chunk's logits: float32 copy, logsumexp, top-k of the float32 and
                  of the bf16 logits; the Triton logsumexp of the bf16 logits, alone and with each segment size's
-                 maxima, and the top-k of the best segments
+                 maxima, and the Triton top-k of the best segments (``segment_topk``)
 
 and each as a share of ``product``. The time a 2,048-token sample's product takes is also given against the
 engine's prefill of it at ``--prefill-tok-s`` (118,024 tok/s: the stand-in's plain prefill, 2026-12-04).
@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hs_dataset.codec.teacher import TOPK_SEGMENT, chunk_rows, teacher_topk, topk_of_segments  # noqa: E402
+from hs_dataset.codec.teacher import chunk_rows, segment_for, teacher_topk  # noqa: E402
 
 
 def best_ms(fn, reps: int) -> float:
@@ -66,7 +66,8 @@ def main() -> None:
         sys.exit("teacher_cost.py needs a CUDA GPU")
     from hs_dataset.codec.teacher import warm_up
     res: dict = {"device": torch.cuda.get_device_name(), "hidden": args.hidden, "k": args.k,
-                 "chunk": {v: chunk_rows(v) for v in args.vocab}, "segment": TOPK_SEGMENT, "kernel": {}, "cases": []}
+                 "chunk": {v: chunk_rows(v) for v in args.vocab},
+                 "segment": {v: segment_for(v, args.k) for v in args.vocab}, "kernel": {}, "cases": []}
     g = torch.Generator(device="cuda").manual_seed(0)
     for vocab in args.vocab:
         res["kernel"][vocab] = warm_up(vocab) or "triton"
@@ -91,16 +92,18 @@ def main() -> None:
                     case["ms"][f"teacher_chunk{chunk}"] = best_ms(lambda: teacher_topk(x, w, args.k, chunk=chunk),
                                                                   args.reps)
             if res["kernel"][vocab] == "triton":
-                from hs_dataset.codec.teacher_triton import row_logsumexp
+                from hs_dataset.codec.teacher_triton import row_logsumexp, segment_topk
+                ids = torch.empty((logits.shape[0], args.k), dtype=torch.int32, device="cuda")
+                lp = torch.empty((logits.shape[0], args.k), dtype=torch.float32, device="cuda")
                 case["chunk_ms"]["logsumexp bf16 triton"] = best_ms(lambda: row_logsumexp(logits), args.reps)
                 for seg in args.segments:
                     case["ms"][f"teacher_seg{seg}"] = best_ms(lambda: teacher_topk(x, w, args.k, segment=seg), args.reps)
                     if seg:
-                        _, segmax = row_logsumexp(logits, seg)
+                        s, segmax = row_logsumexp(logits, seg)
                         case["chunk_ms"][f"logsumexp + maxima of {seg}"] = best_ms(lambda: row_logsumexp(logits, seg),
                                                                                   args.reps)
-                        case["chunk_ms"][f"topk of the best segments of {seg}"] = best_ms(
-                            lambda: topk_of_segments(logits, segmax, args.k, seg), args.reps)
+                        case["chunk_ms"][f"topk kernel of the best segments of {seg}"] = best_ms(
+                            lambda: segment_topk(logits, segmax, s, seg, ids, lp), args.reps)
             p = case["ms"]["product"]
             case["vs_product"] = {k: round(v / p, 3) for k, v in case["ms"].items()}
             case["product_share_of_prefill"] = round((p / 1000 / rows) * args.prefill_tok_s, 4)

@@ -14,19 +14,20 @@ Torch only: the SGLang plugin imports this module in the scheduler process.
 
 from __future__ import annotations
 
+import math
 from typing import cast
 
 import torch
 
 from hs_dataset.layout import parse_teacher
 
-__all__ = ["TEACHER_CHUNK_BYTES", "TOPK_SEGMENT", "chunk_rows", "parse_teacher", "segment_max", "teacher_topk",
-           "teacher_topk_spans", "topk_of_segments", "warm_up"]
+__all__ = ["SEGMENT_CANDIDATES", "TEACHER_CHUNK_BYTES", "chunk_rows", "parse_teacher", "segment_for", "segment_max",
+           "teacher_topk", "teacher_topk_spans", "warm_up"]
 
 TEACHER_CHUNK_BYTES = 256 << 20  # the logits of one matrix product, at least 1,024 positions (chunk_rows)
-TOPK_SEGMENT = 64  # the kernel path's top-k looks at the k best segments of this many logits (topk_of_segments)
+SEGMENT_CANDIDATES = 8192  # at most this many candidates a row for the top-k kernel (k <= 512); beyond, torch.topk
 
-_kernel_error: str | None = None  # why the Triton logsumexp is not used in this process (warm_up could not compile it)
+_kernel_error: str | None = None  # why the Triton kernels are not used in this process (warm_up could not compile it)
 
 
 def chunk_rows(vocab: int, itemsize: int = 2) -> int:
@@ -37,8 +38,18 @@ def chunk_rows(vocab: int, itemsize: int = 2) -> int:
     return max(1024, TEACHER_CHUNK_BYTES // (itemsize * max(vocab, 1)))
 
 
+def segment_for(vocab: int, k: int) -> int:
+    """Logits a segment for the top-k kernel: the power of two at or above ``sqrt(vocab / k)`` (16 to 2,048), which
+    keeps the two things it sorts about the same size (the segments' maxima, ``vocab / segment``, and the best
+    segments' logits, ``k * segment``): 32 at the stand-in's vocabulary of 32,000 and k = 64, 64 at Kimi's 163,840.
+    Measured on the H200 (``benchmarks/teacher_cost.py``, 2026-12-04): at 32,000 the kernel took 0.38 ms a
+    4,194-position chunk with segments of 32 against 0.56 with 64 and 0.98 with 128; at 163,840, 0.29 ms a
+    1,024-position chunk with 64 against 0.47 with 32 and 0.45 with 128."""
+    return min(2048, max(16, 1 << max(0, math.ceil(math.sqrt(vocab / max(k, 1))) - 1).bit_length()))
+
+
 def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: int | None = None,
-                 kernel: bool | None = None, segment: int = TOPK_SEGMENT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 kernel: bool | None = None, segment: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-``k`` of ``log_softmax(final @ weight.T)`` per row: ids int32 ``[n, k]`` (highest first),
     log-probs float32 ``[n, k]``, logsumexp float32 ``[n]``; on ``final``'s device.
 
@@ -47,31 +58,40 @@ def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: in
 
     Args:
         chunk: positions per matrix product (default: :func:`chunk_rows` of the vocabulary).
-        kernel: on a CUDA tensor (default, unless :func:`warm_up` could not compile it), the logsumexp is a
-            Triton kernel over the logits as they are (:mod:`hs_dataset.codec.teacher_triton`) and the top-k is
-            taken of them as they are (their float32 values are the same numbers): no float32 copy of the
-            ``[chunk, vocab]`` logits. The same pass takes the maximum of each ``segment`` consecutive logits, and
-            the top-k is taken among the ``k`` segments with the highest maxima only (:func:`topk_of_segments`;
-            ``segment=0``: of the whole vocabulary).
+        kernel: on a CUDA tensor (default, unless :func:`warm_up` could not compile it), two Triton kernels
+            (:mod:`hs_dataset.codec.teacher_triton`) read the logits as they are (their float32 values are the same
+            numbers): no float32 copy of the ``[chunk, vocab]`` logits. The first takes each row's logsumexp and the
+            maximum of each ``segment`` consecutive logits; the second, in one program a row, the row's ``k``
+            segments with the highest maxima and the top-``k`` of their ``k * segment`` logits (exact: no logit left
+            out is higher than the lowest of those ``k`` maxima). ``segment``: default :func:`segment_for`;
+            ``0``: ``torch.topk`` of the whole vocabulary instead of the second kernel.
             Otherwise (the CPU, ``kernel=False``) the logits are copied to float32 first and PyTorch takes both:
-            the reference the GPU test holds the kernel to.
+            the reference the GPU test holds the kernels to.
     """
     if kernel is None:
         kernel = _kernel_error is None and final.is_cuda
     if kernel:
-        from hs_dataset.codec.teacher_triton import row_logsumexp  # optional: Triton, on a GPU only
+        from hs_dataset.codec.teacher_triton import row_logsumexp, segment_topk  # optional: Triton, on a GPU only
     n = final.shape[0]
     ids = torch.empty((n, k), dtype=torch.int32, device=final.device)
     logprobs = torch.empty((n, k), dtype=torch.float32, device=final.device)
     lse = torch.empty((n,), dtype=torch.float32, device=final.device)
     w = weight.to(final.dtype)
     chunk = chunk or chunk_rows(w.shape[0], w.element_size())
+    if segment is None:
+        segment = segment_for(w.shape[0], k)
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
         logits = torch.nn.functional.linear(final[a:b], w)
-        if kernel:
+        if kernel and segment and (1 << (k - 1).bit_length()) * segment <= SEGMENT_CANDIDATES:
             s, segmax = row_logsumexp(logits, segment)
-            vals, top = topk_of_segments(logits, segmax, k, segment) if segmax is not None else logits.topk(k, dim=-1)
+            segment_topk(logits, cast(torch.Tensor, segmax), s, segment, ids[a:b], logprobs[a:b])
+            lse[a:b] = s
+            del logits
+            continue
+        if kernel:
+            s, _ = row_logsumexp(logits)
+            vals, top = logits.topk(k, dim=-1)
         else:
             logits = logits.float()
             s = torch.logsumexp(logits, dim=-1)
@@ -115,39 +135,21 @@ def segment_max(logits: torch.Tensor, segment: int) -> torch.Tensor:
     return x.view(n, -1, segment).amax(-1)
 
 
-def topk_of_segments(logits: torch.Tensor, segmax: torch.Tensor, k: int,
-                     segment: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits.topk(k)`` (values, int64 ids; highest first) taken among the logits of each row's ``k`` segments
-    with the highest maxima (``segmax``: :func:`segment_max`), ``k * segment`` candidates instead of the vocabulary.
-
-    Exact (up to which of tied logits is taken): the ``k`` chosen segments' maxima are ``k`` logits at least as
-    high as the lowest of them, ``t``, and every logit of another segment is at most its segment's maximum, at
-    most ``t``: so no logit left out is higher than any of the top-``k`` taken.
-    """
-    n, v = logits.shape
-    kk = min(k, segmax.shape[1])
-    best = segmax.topk(kk, dim=-1, sorted=False).indices  # [n, kk]
-    cols = (best[:, :, None] * segment + torch.arange(segment, device=logits.device)).reshape(n, kk * segment)
-    cand = logits.gather(1, cols.clamp_max(v - 1))
-    cand.masked_fill_(cols >= v, float("-inf"))  # the last segment's positions past the vocabulary
-    vals, j = cand.topk(k, dim=-1)
-    return vals, cols.gather(1, j)
-
-
-def warm_up(vocab: int, dtype: torch.dtype = torch.bfloat16) -> str | None:
-    """Compile the logsumexp kernel for a vocabulary of ``vocab`` on the current GPU (Triton compiles on first
-    use, a second or more, and again for a vocabulary of another divisibility): the SGLang plugin calls it when
-    the model is loaded, so no build waits for it.
+def warm_up(vocab: int, dtype: torch.dtype = torch.bfloat16, k: int = 64) -> str | None:
+    """Compile the kernels for a vocabulary of ``vocab`` and a top-``k`` on the current GPU (Triton compiles on first
+    use, a second or more, and again for another vocabulary or another power of two at or above ``k``): the SGLang
+    plugin calls it when the model is loaded, for ``k`` = 64, so no build of ``topk:33`` to ``topk:64`` waits for it
+    (another ``k`` compiles at its first pass).
 
     Returns:
-        None, or why the kernel cannot be used here (Triton missing, a compiler failure):
+        None, or why the kernels cannot be used here (Triton missing, a compiler failure):
         :func:`teacher_topk` then takes the PyTorch path in this process.
     """
     global _kernel_error
     try:
         teacher_topk(torch.zeros((2, 16), dtype=dtype, device="cuda"), torch.ones((vocab, 16), device="cuda"),
-                     min(4, vocab), kernel=True)
+                     min(k, vocab), kernel=True)
         torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 - any failure of the optional kernel leaves the PyTorch path
+    except Exception as e:  # noqa: BLE001 - any failure of the optional kernels leaves the PyTorch path
         _kernel_error = f"{type(e).__name__}: {str(e)[:300]}"
     return _kernel_error

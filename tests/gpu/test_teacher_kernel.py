@@ -1,5 +1,5 @@
 """The teacher's top-k on the GPU (hs_dataset.codec.teacher: a Triton logsumexp over the bf16 logits that also
-takes each segment's maximum, the top-k among the best segments' logits as they are) gives what the PyTorch path
+takes each segment's maximum, a Triton top-k among the best segments' logits as they are) gives what the PyTorch path
 gives from a float32 copy of the logits (issue 26: the builder keeps up with fast storage; the SGLang plugin
 computes the teacher this way)."""
 
@@ -13,14 +13,14 @@ from tests.gpu.models import GPU_MARKS
 
 pytestmark = GPU_MARKS
 
-K = 64
 
-
-@pytest.mark.parametrize("vocab,rows,dtype", [(32000, 2048, torch.bfloat16), (163840, 700, torch.bfloat16),
-                                              (1000, 3, torch.bfloat16), (50257, 1500, torch.float32),
-                                              (129280, 0, torch.bfloat16)])
-def test_the_kernel_path_gives_the_pytorch_paths_teacher(vocab, rows, dtype):
-    assert warm_up(vocab, dtype) is None, "the Triton logsumexp did not compile"
+@pytest.mark.parametrize("vocab,rows,dtype,K", [(32000, 2048, torch.bfloat16, 64), (163840, 700, torch.bfloat16, 64),
+                                                (1000, 3, torch.bfloat16, 64), (50257, 1500, torch.float32, 64),
+                                                (129280, 0, torch.bfloat16, 64), (32000, 500, torch.bfloat16, 13),
+                                                (32000, 300, torch.bfloat16, 300),  # the kernel, 512 x 16 candidates
+                                                (32000, 200, torch.bfloat16, 1000)])  # torch.topk of the vocabulary
+def test_the_kernel_path_gives_the_pytorch_paths_teacher(vocab, rows, dtype, K):
+    assert warm_up(vocab, dtype) is None, "the Triton kernels did not compile"
     g = torch.Generator(device="cuda").manual_seed(vocab)
     w = (torch.randn(vocab, 512, device="cuda", generator=g) * 0.05).to(dtype)
     x = (torch.randn(rows, 512, device="cuda", generator=g) * torch.logspace(-2, 1, rows, device="cuda")[:, None])
