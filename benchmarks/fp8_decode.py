@@ -13,7 +13,9 @@ Both give the same bits (``tests/codec/test_fp8_decode.py``). Measured in one ru
   row     ``decode_row`` of each row of an fp8 build in /dev/shm (``--samples`` rows: the shard read from
           memory, a fresh bf16 tensor per state), with the decode swapped for the cast, and as it is
 
-Printed: decoded GB/s (bf16 bytes out) for each, and the ratio to the cast.
+Printed: decoded GB/s (bf16 bytes out) for each, and the ratio to the cast. ``--busy N`` runs N processes that keep a
+core busy each beside it (as an engine's polling scheduler or a trainer's threads do): a decode made of many
+small parallel PyTorch calls waits there for threads that are not running.
 
     python benchmarks/fp8_decode.py --json benchmarks/results/<date>-<machine>-fp8-decode.json
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,13 +57,23 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--busy", type=int, default=0, help="processes keeping a core busy each, beside the benchmark")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        run(args)
+    finally:
+        for p in busy:
+            p.kill()
+
+
+def run(args: argparse.Namespace) -> None:
     from hs_dataset.read.decode import decode_row
     from hs_dataset.read.open import open_dataset
     from tests.fixtures.builds import random_build
 
-    res: dict = {"machine": platform.node(), "threads": torch.get_num_threads(), "tokens": args.tokens,
+    res: dict = {"machine": platform.node(), "threads": torch.get_num_threads(), "busy": args.busy, "tokens": args.tokens,
                  "hidden": args.hidden, "samples": args.samples, "reps": args.reps}
     x = torch.randn(args.tokens, args.hidden)
     state_bytes = x.numel() * 2
