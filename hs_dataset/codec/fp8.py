@@ -16,6 +16,7 @@ Imports nothing but torch: the SGLang plugin loads it in the scheduler process.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -45,8 +46,14 @@ def fp8_dequantize(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 _CPU_BLOCK = 1 << 22  # values decoded at a time on the CPU: an int32 and a float32 scratch block, 32 MiB a thread
-_VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # each code's value (the cast's)
 _scratch = threading.local()  # each decoding thread's scratch, kept: fresh blocks would cost their page faults again
+
+
+@functools.cache
+def _values() -> torch.Tensor:
+    """Each code's float32 value, as PyTorch's cast makes it (made at the first decode: a process that decodes no fp8
+    does not load the cast's code)."""
+    return torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
 
 
 def _dequantize_cpu(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -74,6 +81,6 @@ def _dequantize_cpu(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         b = min(a + rows, t)
         n = (b - a) * h
         idx[:n].view(b - a, h).copy_(bits[a:b])
-        torch.index_select(_VALUES, 0, idx[:n], out=vals[:n])
+        torch.index_select(_values(), 0, idx[:n], out=vals[:n])
         torch.mul(vals[:n].view(b - a, h), sc[a:b, None], out=out[a:b])
     return out

@@ -137,9 +137,9 @@ def segment_max(logits: torch.Tensor, segment: int) -> torch.Tensor:
 
 def warm_up(vocab: int, dtype: torch.dtype = torch.bfloat16, k: int = 64) -> str | None:
     """Compile the kernels for a vocabulary of ``vocab`` and a top-``k`` on the current GPU (Triton compiles on first
-    use, a second or more, and again for another vocabulary or another power of two at or above ``k``): the SGLang
-    plugin calls it when the model is loaded, for ``k`` = 64, so no build of ``topk:33`` to ``topk:64`` waits for it
-    (another ``k`` compiles at its first pass).
+    use, a second or more, and again for another vocabulary, segment size or power of two at or above ``k``): the
+    SGLang plugin calls it when the model is loaded, for ``k`` = 64, so a build of ``topk:64`` does not wait for it
+    (another ``k`` may compile at its first pass).
 
     Returns:
         None, or why the kernels cannot be used here (Triton missing, a compiler failure):

@@ -101,10 +101,10 @@ def row_logsumexp(logits: torch.Tensor, seg: int = 0) -> tuple[torch.Tensor, tor
 
 def segment_topk(logits: torch.Tensor, segmax: torch.Tensor, lse: torch.Tensor, seg: int, ids: torch.Tensor,
                  logprobs: torch.Tensor) -> None:
-    """Into ``ids`` (int32 ``[n, k]``, highest first) and ``logprobs`` (float32 ``[n, k]``: logit minus ``lse``):
-    the top-``k`` of each row of ``logits`` (``[n, vocab]``, last dimension contiguous) taken among the logits of
-    its ``k`` segments of ``seg`` with the highest maxima (``segmax``: :func:`row_logsumexp`'s), in one program a
-    row: the segments' ``k`` best maxima, then the best ``k`` of their ``k * seg`` logits (``tl.topk`` of int64
+    """Into ``ids`` (int32 ``[n, k]``, highest first) and ``logprobs`` (float32 ``[n, k]``: logit minus ``lse``), both
+    contiguous: the top-``k`` of each row of ``logits`` (``[n, vocab]``, last dimension contiguous) taken among the
+    logits of its ``k`` segments of ``seg`` with the highest maxima (``segmax``: :func:`row_logsumexp`'s), in one
+    program a row: the segments' ``k`` best maxima, then the best ``k`` of their ``k * seg`` logits (``tl.topk`` of int64
     keys: a value's order in the high word, its index in the low; the lower index first among tied values).
     Exact: no logit left out is higher than the lowest of the ``k`` maxima, and those are ``k`` logits."""
     n, v = logits.shape
