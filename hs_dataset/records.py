@@ -78,7 +78,8 @@ class CaptureResult:
     """Hidden states of one sample as the backend produced them (CPU tensors).
 
     ``states`` is ``[len(layers) + 1, T, H]``: the configured layers in the order of ``layers``,
-    then the final post-norm state. See :mod:`hs_dataset.model_info` for the layer index
+    then the final post-norm state (``[len(layers), T, H]``, without it, from a backend asked for no final
+    state: :func:`hs_dataset.capture.base.start_capture`). See :mod:`hs_dataset.model_info` for the layer index
     convention. They are ``torch.bfloat16``, or, when ``scales`` is given, float8 e4m3 bits
     (``torch.uint8``) with per-token float32 ``scales [len(layers) + 1, T]`` (:mod:`hs_dataset.codec.fp8`;
     the SGLang plugin quantizes on the GPU). The tensors may view a backend's transport memory

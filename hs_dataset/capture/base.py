@@ -42,6 +42,9 @@ class CaptureBackend(Protocol):
       asks for pieces (``capture(samples, row_tokens=..., max_tokens=...)``).
     * ``teachers`` (optional): True when ``capture(samples, teacher_k=K)`` also gives the teacher's top-K of
       every position (:attr:`CaptureResult.teacher`, :mod:`hs_dataset.codec.teacher`).
+    * ``without_final`` (optional): True when ``capture(samples, final=False)`` leaves the final state out of
+      ``states`` (``[len(layers), T, H]``); the build asks it when it does not store ``hidden_final``. Other
+      backends deliver it and the encode stage leaves it out.
     * ``versions()``: package versions recorded in ``hs_dataset.json``; ``close()``.
     """
 
@@ -60,11 +63,12 @@ class CaptureBackend(Protocol):
 
 def start_capture(backend: CaptureBackend, samples: Iterable[TokenizedSample], storage_dtype: StorageDtype, *,
                   row_tokens: int | None = None, max_tokens: int | None = None,
-                  teacher_k: int = 0) -> Iterator[BackendItem]:
+                  teacher_k: int = 0, final: bool = True) -> Iterator[BackendItem]:
     """``backend.capture(samples)``, asking for ``storage_dtype`` when the backend can deliver it, and,
     from a backend that delivers long samples in pieces (``in_pieces``), pieces of ``row_tokens``
     positions (``max_tokens``: the longest sample, checked against its transport up front); with
-    ``teacher_k``, the teacher's top-k (a backend without ``teachers`` is refused).
+    ``teacher_k``, the teacher's top-k (a backend without ``teachers`` is refused); ``final=False``: the final
+    state is not stored, so a backend that can (``without_final``) leaves it out.
 
     Raises:
         ConfigError: ``teacher_k`` asked of a backend that cannot compute it.
@@ -78,6 +82,8 @@ def start_capture(backend: CaptureBackend, samples: Iterable[TokenizedSample], s
         kw["teacher_k"] = teacher_k
     if storage_dtype != "bfloat16" and storage_dtype in getattr(backend, "encodings", ("bfloat16",)):
         kw["encoding"] = storage_dtype
+    if not final and getattr(backend, "without_final", False):
+        kw["final"] = False
     if getattr(backend, "in_pieces", False) and row_tokens is not None:
         kw.update(row_tokens=row_tokens, max_tokens=max_tokens)
     return backend.capture(samples, **kw)

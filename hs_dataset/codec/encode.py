@@ -24,7 +24,7 @@ from datasets import Array2D, Features, List, Value
 
 from hs_dataset.codec.fp8 import fp8_dequantize, fp8_quantize
 from hs_dataset.errors import ConfigError, SampleError
-from hs_dataset.layout import (MESSAGES_COLUMN, SAMPLE_TOKENS_COLUMN, STORAGE_DTYPES, TEACHER_IDS_COLUMN,
+from hs_dataset.layout import (FINAL_COLUMN, MESSAGES_COLUMN, SAMPLE_TOKENS_COLUMN, STORAGE_DTYPES, TEACHER_IDS_COLUMN,
                                TEACHER_LOGPROBS_COLUMN, TEACHER_LSE_COLUMN, TOKEN_START_COLUMN, StorageDtype, scale_column,
                                state_columns)
 from hs_dataset.records import CaptureResult
@@ -187,7 +187,11 @@ def encode_row(result: CaptureResult, storage_dtype: StorageDtype = "bfloat16", 
         if not (np.isfinite(lse).all() and np.isfinite(logprobs).all()):
             raise SampleError(TEACHER_LOGPROBS_COLUMN, "non-finite teacher log-probabilities")
         row[TEACHER_IDS_COLUMN], row[TEACHER_LOGPROBS_COLUMN], row[TEACHER_LSE_COLUMN] = ids, logprobs, lse
-    for i, c in enumerate(cols if store_final else cols[:-1]):
+    stored = cols if store_final else cols[:-1]
+    if result.states.shape[0] < len(stored):  # a backend asked for no final state (start_capture's final=False)
+        raise SampleError(FINAL_COLUMN, f"the backend delivered {result.states.shape[0]} states, without the final "
+                                        "one, for a build that stores hidden_final")
+    for i, c in enumerate(stored):
         if storage_dtype == "bfloat16":
             row[c] = bf16_bits(result.states[i])
         elif result.scales is not None:  # quantized by the backend: stored as it is, no copy

@@ -166,7 +166,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
 
         r = self.resolved
         yield from start_capture(backend, counted(), r.storage_dtype, row_tokens=r.row_tokens,
-                                 max_tokens=r.config.max_length, teacher_k=r.teacher_k)
+                                 max_tokens=r.config.max_length, teacher_k=r.teacher_k, final=r.config.store_final)
 
     def _generate_tables(self, start: int, stop: int | None) -> Iterator[tuple[Key, Any]]:
         cfg = self.resolved.config

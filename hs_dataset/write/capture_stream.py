@@ -42,7 +42,8 @@ class CaptureStream:
                 yield sample
 
         self._it = start_capture(backend, samples(), resolved.storage_dtype, row_tokens=resolved.row_tokens,
-                                 max_tokens=resolved.config.max_length, teacher_k=resolved.teacher_k)
+                                 max_tokens=resolved.config.max_length, teacher_k=resolved.teacher_k,
+                                 final=resolved.config.store_final)
         self._next: tuple[int, BackendItem] | None = None
 
     def take(self, start: int, stop: int) -> Iterator[BackendItem]:

@@ -356,6 +356,37 @@ def test_statistics_counted_on_the_gpu_equal_the_hosts_count(models):
     assert checked == 2 * len(samples) * (len(LAYERS["dsv3"]) + 1)
 
 
+
+def test_without_the_final_state_the_ring_carries_the_layers_and_the_teacher(models):
+    """A build that stores the teacher instead of hidden_final asks for no final state (start_capture's final=False):
+    the ring's slots carry the layers only, and the plugin still computes the teacher from the final state. The
+    layers' fp8 bits and scales, their NaN/Inf counts and statistics and the teacher equal those of a capture with
+    the final state (one request at a time: the same batches in both)."""
+    from hs_dataset.capture.sglang.backend import SGLangBackend
+
+    samples = mixed_samples(8, seed=11)
+    n = len(LAYERS["llama"])
+    be = SGLangBackend(models["llama"], LAYERS["llama"], max_inflight=1, ring_bytes=RING, engine_args=ENGINE_ARGS)
+
+    def run(final: bool) -> list:
+        return [(r.states.clone(), r.scales.clone(), r.nonfinite, r.value_stats.clone(),
+                 tuple(t.clone() for t in r.teacher))
+                for r in be.capture(samples, encoding="fp8_e4m3", teacher_k=8, final=final)]
+
+    try:
+        with_final, without = run(True), run(False)
+    finally:
+        be.close()
+    assert len(with_final) == len(without) == len(samples)
+    for (st, sc, nf, vs, te), (st2, sc2, nf2, vs2, te2) in zip(with_final, without):
+        assert st.shape[0] == n + 1 and st2.shape[0] == n and sc2.shape[0] == n
+        assert torch.equal(st2, st[:n]) and torch.equal(sc2, sc[:n])
+        assert nf2 == nf[:n] and vs2.shape == (n, vs.shape[1]) and torch.equal(vs2, vs[:n])
+        assert all(torch.equal(a, b) for a, b in zip(te, te2))
+    _report["without_final"] = {"samples": len(samples), "states": n}
+    _dump()
+
+
 def _free_port() -> int:
     import socket
 

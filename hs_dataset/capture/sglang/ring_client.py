@@ -117,9 +117,10 @@ class RingClient:
 
     in_pieces = True  # start_capture passes row_tokens and max_tokens
     teachers = True  # start_capture passes teacher_k (the plugin computes the top-k on the GPU)
+    without_final = True  # start_capture passes final=False for a build that does not store hidden_final
 
     def capture(self, samples: Iterable[TokenizedSample], *, encoding: str = "bfloat16", row_tokens: int | None = None,
-                max_tokens: int | None = None, teacher_k: int = 0) -> Iterator[BackendItem]:
+                max_tokens: int | None = None, teacher_k: int = 0, final: bool = True) -> Iterator[BackendItem]:
         """Submit samples and yield results in input order, states as views of the ring.
 
         ``encoding``: ``bfloat16`` or ``fp8_e4m3`` (quantized on the GPU; ``CaptureResult.scales``
@@ -137,13 +138,16 @@ class RingClient:
         fit the ring whole (one result per sample). ``max_tokens`` (the build's max_length): checked up front
         against the ring (:class:`BackendError` naming the option when neither a whole sample nor a
         window fits). ``teacher_k``: the plugin also computes the teacher's top-k of every position
-        (:mod:`hs_dataset.codec.teacher`), handed out in ``CaptureResult.teacher``.
+        (:mod:`hs_dataset.codec.teacher`), handed out in ``CaptureResult.teacher``. ``final=False``: the ring
+        carries no final state (``CaptureResult.states`` is ``[len(layers), T, H]``; the plugin still computes
+        the teacher from it): a quarter less to scan, copy and hold at Kimi width, for a build that stores the
+        teacher instead of ``hidden_final``.
         """
         if encoding not in self.encodings:
             raise ValueError(f"encoding {encoding!r}: the sglang backend delivers {', '.join(self.encodings)}")
         ring = self.ring
         assert ring is not None
-        n_states, hidden = len(self.layers) + 1, self.info.hidden_size
+        n_states, hidden = len(self.layers) + int(final), self.info.hidden_size
         window = None if row_tokens is None else self._check_window(row_tokens, max_tokens, n_states, encoding,
                                                                     teacher_k)
         it = iter(samples)

@@ -138,7 +138,8 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
             ring.fail(seq, f"request {rid}: the teacher's top-k is computed on one GPU's whole output embedding: "
                            f"run the engine with tp_size=1 (it has {S.tp_size}), or build without teacher")
             continue
-        if start + n > info.num_tokens or info.hidden != H or info.n_states != len(states):
+        # a slot of len(states) - 1 states is one without the final state (a build that stores the teacher instead)
+        if start + n > info.num_tokens or info.hidden != H or info.n_states not in (len(states), len(states) - 1):
             ring.fail(seq, f"request {rid}: rows {start}..{start + n} of {len(states)} states x {H} do not fit its "
                            f"ring slot ({info.num_tokens} tokens, {info.n_states} states x {info.hidden})")
             continue
@@ -152,16 +153,19 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
     main = torch.cuda.current_stream()
     side = S.side_stream
     side.wait_stream(main)
+    # The states some request of the pass stores: without the final one when none keeps it (it is still the
+    # teacher's input)
+    stored = states[:max(info.n_states for _, info, _, _, _ in todo)]
     with torch.cuda.stream(side):
         # NaN/Inf positions per request and state: a cumulative count, read at each request's bounds.
         want_fp8 = any(info.encoding == ENCODINGS["fp8_e4m3"] for _, info, _, _, _ in todo)
-        scans = [scan_state(st, fp8=want_fp8) for st in states]  # one read of each
+        scans = [scan_state(st, fp8=want_fp8) for st in stored]  # one read of each
         bad = torch.stack([sc.nonfinite for sc in scans]).to(torch.int32)
         cs = torch.nn.functional.pad(bad.cumsum(dim=1, dtype=torch.int32), (1, 0))
         bounds = torch.tensor([off for _, _, off, _, _ in todo] + [off + n for _, _, off, _, n in todo],
                               dtype=torch.int64, pin_memory=True).to(final.device, non_blocking=True)
         k = len(todo)
-        counts = torch.empty((len(states), k), dtype=torch.int32, pin_memory=True)
+        counts = torch.empty((len(stored), k), dtype=torch.int32, pin_memory=True)
         counts.copy_(cs[:, bounds[k:]] - cs[:, bounds[:k]], non_blocking=True)
         fp8: Any = [sc.fp8 for sc in scans] if want_fp8 else None
         # The statistics of the values each request stores (hs_dataset.codec.state_stats): per token here, added
@@ -181,7 +185,7 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
         for ring, info, off, start, n in todo:
             for pos, k in info.pieces(start, n):  # a windowed region wraps: positions modulo its rows
                 a = off + pos - start
-                for j, st in enumerate(states):
+                for j, st in enumerate(stored[:info.n_states]):
                     # Every destination is a contiguous slice of registered memory: a strided one would make
                     # PyTorch copy through a temporary and wait for the GPU, stalling the scheduler here.
                     dst = ring.state_view(info, j, pos, k)
@@ -203,7 +207,7 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
         for ring, *_ in todo:
             ring.pending += 1
     S.completer.put((done, counts, per_token,
-                     [(ring, info.seq, n, info.encoding, off) for ring, info, off, _, n in todo]))
+                     [(ring, info.seq, n, info.encoding, off, info.n_states) for ring, info, off, _, n in todo]))
     st = S.completer.stats
     st["passes"] += 1
     st["rows"] += sum(n for *_, n in todo)
@@ -283,8 +287,8 @@ class Completer:
                 sums = span_stats(per_token[enc].numpy(), [(items[i][4], items[i][2]) for i in which])
                 for j, i in enumerate(which):
                     totals[i] = sums[:, j]
-            for i, (ring, seq, n, encoding, off) in enumerate(items):
-                ring.complete(seq, n, per_state[:, i], totals[i])
+            for i, (ring, seq, n, _, _, n_states) in enumerate(items):
+                ring.complete(seq, n, per_state[:n_states, i], totals[i][:n_states])
         except BaseException:
             for ring, seq, *_ in items:
                 ring.fail(seq, "hs_dataset capture failed in the SGLang scheduler:\n" + traceback.format_exc()[-300:])
