@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """fp8 states decoded on the CPU (the reader's ``fp8_decode``, issue 26's "reader decoded GB/s"): PyTorch's
-float8 -> float32 cast against the decode of :func:`hs_dataset.codec.fp8._dequantize_cpu` (a table of the 256 codes'
-values).
+float8 -> float32 cast, as three calls, against the decode of :func:`hs_dataset.codec.fp8._dequantize_cpu` (a table
+of the 256 codes' values with at most ``TABLE_MAX_THREADS`` PyTorch threads, else the cast into the bf16 output;
+``--way`` forces one; ``--block``: the table's block).
 
 Both give the same bits (``tests/codec/test_fp8_decode.py``). Measured in one run, interleaved, best of
 ``--reps``, on Kimi-width states (``--tokens`` x 7,168, 4 states a row):
@@ -58,8 +59,14 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--busy", type=int, default=0, help="processes keeping a core busy each, beside the benchmark")
+    ap.add_argument("--block", type=int, default=0, help="values the table decodes a block (default: the decode's own)")
+    ap.add_argument("--way", choices=("table", "cast"), default=None, help="the decode's way (default: by the threads)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.block:
+        fp8._CPU_BLOCK = args.block
+    if args.way:
+        fp8.TABLE_MAX_THREADS = 1 << 30 if args.way == "table" else 0
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
         run(args)
@@ -73,7 +80,9 @@ def run(args: argparse.Namespace) -> None:
     from hs_dataset.read.open import open_dataset
     from tests.fixtures.builds import random_build
 
-    res: dict = {"machine": platform.node(), "threads": torch.get_num_threads(), "busy": args.busy, "tokens": args.tokens,
+    res: dict = {"machine": platform.node(), "threads": torch.get_num_threads(), "busy": args.busy,
+                 "way": "table" if torch.get_num_threads() <= fp8.TABLE_MAX_THREADS else "cast",
+                 "block": fp8._CPU_BLOCK, "tokens": args.tokens,
                  "hidden": args.hidden, "samples": args.samples, "reps": args.reps}
     x = torch.randn(args.tokens, args.hidden)
     state_bytes = x.numel() * 2
@@ -114,7 +123,8 @@ def run(args: argparse.Namespace) -> None:
         res[k]["ratio"] = res[k]["bits_gb_s"] / res[k]["cast_gb_s"]
         low = res[k].get("zero_or_subnormal_codes")
         print(f"{k:5s}  cast {res[k]['cast_gb_s']:.2f} GB/s  decode {res[k]['bits_gb_s']:.2f} GB/s  "
-              f"({res[k]['ratio']:.2f}x)  [{res['threads']} threads]" + (f"  zero/subnormal codes {low:.1%}" if low else ""))
+              f"({res[k]['ratio']:.2f}x)  [{res['way']}, {res['threads']} threads]"
+              + (f"  zero/subnormal codes {low:.1%}" if low else ""))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=2))

@@ -38,14 +38,23 @@ def fp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fp8_dequantize(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`fp8_quantize`: uint8 bits ``[..., H]`` and float32 scales ``[...]`` -> bf16:
-    ``bfloat16(float32(e4m3) * scale)``, one rounding. On the CPU, :func:`_dequantize_cpu` (the same bits)."""
+    ``bfloat16(float32(e4m3) * scale)``, one rounding (on the CPU: :func:`_dequantize_cpu`, the same bits)."""
     if bits.device.type == "cpu" and bits.numel():
         h = bits.shape[-1]
         return _dequantize_cpu(bits.reshape(-1, h), scale.reshape(-1)).view(bits.shape)
     return (bits.view(torch.float8_e4m3fn).float() * scale.unsqueeze(-1).float()).to(torch.bfloat16)
 
 
-_CPU_BLOCK = 1 << 22  # values decoded at a time on the CPU: an int32 and a float32 scratch block, 32 MiB a thread
+# With at most this many PyTorch threads a CPU decode looks the codes up in a table (_by_table); with more, it casts
+# (_by_cast). Measured with benchmarks/fp8_decode.py on Kimi-width states (2,048 x 7,168), 2026-12-04, decoded GB/s:
+#   2-core VM (2 threads):             table 1.58 / cast 0.48 alone, 1.06 / 0.29 beside a busy process
+#   H200's host (16 cores, 16 threads): table 1.56 / cast 1.75 alone, 0.32 / 0.76 beside one busy process,
+#                                       0.30 / 0.57 beside two
+# Each parallel PyTorch call waits for all of its threads: where another process (an engine's polling scheduler, a
+# trainer) keeps a core busy, a thread of each call is not running, and the table's 12 calls a state (blocks of
+# _CPU_BLOCK values) wait 4x as often as the cast's 3. A DataLoader worker decodes with one thread.
+TABLE_MAX_THREADS = 4
+_CPU_BLOCK = 1 << 22  # values the table decodes at a time: an int32 and a float32 scratch block, 32 MiB a thread
 _scratch = threading.local()  # each decoding thread's scratch, kept: fresh blocks would cost their page faults again
 
 
@@ -57,30 +66,32 @@ def _values() -> torch.Tensor:
 
 
 def _dequantize_cpu(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """:func:`fp8_dequantize` of ``[T, H]`` bits on the CPU: each code's float32 value looked up in a table of the
-    256 (PyTorch's float8 -> float32 cast makes them, once), times the scale into the bf16 output: the cast's
-    product, one rounding. PyTorch's cast converts one value at a time (``benchmarks/fp8_decode.py`` times both).
+    """:func:`fp8_dequantize` of ``[T, H]`` bits on the CPU, by a table (:func:`_by_table`) with at most
+    :data:`TABLE_MAX_THREADS` PyTorch threads, else by the cast (:func:`_by_cast`): the same bits."""
+    out = torch.empty(bits.shape, dtype=torch.bfloat16)
+    (_by_table if torch.get_num_threads() <= TABLE_MAX_THREADS else _by_cast)(bits, scale.float(), out)
+    return out
 
-    Block by block (:data:`_CPU_BLOCK` values), in scratch each thread keeps: three PyTorch calls a block, each
-    parallel across PyTorch's threads. Few and large on purpose: where another process keeps a core busy, each
-    parallel call can wait for a thread that is not running. A first version (bits moved into float32's, ~10 calls
-    a block of 512 Ki values) read the stand-in's fp8 build at 0.07 GB/s on the H200's host with the SGLang engine
-    alive beside it, against 0.88 with the cast; alone there it decoded 5.4 GB/s (2.2 with mostly subnormal codes,
-    which it took through float32 subnormals). On the 2-core VM beside a busy process: the cast 0.30, the table in
-    blocks of 256 Ki values 0.39-0.88, this 1.02-1.06 GB/s (1.6 alone).
-    """
+
+def _by_cast(bits: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
+    """PyTorch's float8 -> float32 cast, times the scale into the bf16 ``out``: two parallel calls."""
+    torch.mul(bits.view(torch.float8_e4m3fn).float(), scale[:, None], out=out)
+
+
+def _by_table(bits: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
+    """Each code's float32 value looked up in a table of the 256 (PyTorch's cast makes them, once), times the scale
+    into the bf16 ``out``: the cast's product, one rounding (PyTorch's cast converts one value at a time). Block by
+    block (:data:`_CPU_BLOCK` values), in scratch each thread keeps, three PyTorch calls a block. No float32
+    subnormal is made on the way: where subnormals are flushed, it gives what the cast gives there."""
     t, h = bits.shape
-    out = torch.empty((t, h), dtype=torch.bfloat16)
     rows = max(1, min(t, _CPU_BLOCK // max(h, 1)))
     idx, vals = getattr(_scratch, "blocks", (None, None))
     if idx is None or vals is None or idx.numel() < rows * h:
         idx, vals = torch.empty(rows * h, dtype=torch.int32), torch.empty(rows * h, dtype=torch.float32)
         _scratch.blocks = (idx, vals)
-    sc = scale.float()
     for a in range(0, t, rows):
         b = min(a + rows, t)
         n = (b - a) * h
         idx[:n].view(b - a, h).copy_(bits[a:b])
         torch.index_select(_values(), 0, idx[:n], out=vals[:n])
-        torch.mul(vals[:n].view(b - a, h), sc[a:b, None], out=out[a:b])
-    return out
+        torch.mul(vals[:n].view(b - a, h), scale[a:b, None], out=out[a:b])

@@ -1,6 +1,7 @@
-"""The CPU's fp8 decode (hs_dataset.codec.fp8._dequantize_cpu: bits moved into float32, block by block) gives the
-bits of the definition, ``bfloat16(float32(e4m3) * scale)`` through PyTorch's cast: every code, scales from
-tiny to huge and non-finite, NaN codes, any shape."""
+"""The CPU's fp8 decode (hs_dataset.codec.fp8._dequantize_cpu), by the table of the 256 codes' values (few PyTorch
+threads) and by the cast into the bf16 output (more), gives the bits of the definition,
+``bfloat16(float32(e4m3) * scale)`` through PyTorch's cast: every code, scales from tiny to huge and non-finite,
+NaN codes, any shape."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ from hs_dataset.codec.fp8 import fp8_dequantize, fp8_quantize
 
 def by_cast(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (bits.view(torch.float8_e4m3fn).float() * scale.unsqueeze(-1).float()).to(torch.bfloat16)
+
+
+@pytest.fixture(params=["table", "cast"], autouse=True)
+def way(request, monkeypatch) -> str:
+    """Each test runs both ways of the decode (chosen by the number of PyTorch threads)."""
+    monkeypatch.setattr(fp8, "TABLE_MAX_THREADS", 1 << 30 if request.param == "table" else 0)
+    return request.param
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
