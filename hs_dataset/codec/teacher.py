@@ -49,9 +49,12 @@ def segment_for(vocab: int, k: int) -> int:
 
 
 def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: int | None = None,
-                 kernel: bool | None = None, segment: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-``k`` of ``log_softmax(final @ weight.T)`` per row: ids int32 ``[n, k]`` (highest first),
-    log-probs float32 ``[n, k]``, logsumexp float32 ``[n]``; on ``final``'s device.
+                 kernel: bool | None = None, segment: int | None = None,
+                 logits: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-``k`` of ``log_softmax(final @ weight.T)`` per row: ids int32 ``[n, k]`` (highest first, the lower id
+    first among tied values on the GPU path), log-probs float32 ``[n, k]``, logsumexp float32 ``[n]``; on
+    ``final``'s device. With ``logits``, the top-``k``'s logits (float32) instead of their log-probs: what a rank
+    holding part of the vocabulary hands to the merge (:mod:`hs_dataset.codec.teacher_shards`).
 
     ``weight``: the output embedding ``[vocab, H]`` (only the vocabulary's rows: no padding rows). The
     product runs in ``final``'s dtype (bf16, as the model's ``lm_head``), the softmax in float32.
@@ -82,32 +85,38 @@ def teacher_topk(final: torch.Tensor, weight: torch.Tensor, k: int, *, chunk: in
         segment = segment_for(w.shape[0], k)
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
-        logits = torch.nn.functional.linear(final[a:b], w)
+        x = torch.nn.functional.linear(final[a:b], w)
         if kernel and segment and (1 << (k - 1).bit_length()) * segment <= SEGMENT_CANDIDATES:
-            s, segmax = row_logsumexp(logits, segment)
-            segment_topk(logits, cast(torch.Tensor, segmax), s, segment, ids[a:b], logprobs[a:b])
+            s, segmax = row_logsumexp(x, segment)
+            # the kernel writes logit - lse: with zeros for lse, the logit itself
+            segment_topk(x, cast(torch.Tensor, segmax), torch.zeros_like(s) if logits else s, segment, ids[a:b],
+                         logprobs[a:b])
             lse[a:b] = s
-            del logits
+            del x
             continue
         if kernel:
-            s, _ = row_logsumexp(logits)
-            vals, top = logits.topk(k, dim=-1)
+            s, _ = row_logsumexp(x)
+            vals, top = x.topk(k, dim=-1)
         else:
-            logits = logits.float()
-            s = torch.logsumexp(logits, dim=-1)
-            vals, top = logits.topk(k, dim=-1)
+            x = x.float()
+            s = torch.logsumexp(x, dim=-1)
+            vals, top = x.topk(k, dim=-1)
         ids[a:b] = top
-        torch.sub(vals.float(), s[:, None], out=logprobs[a:b])
+        if logits:
+            logprobs[a:b] = vals
+        else:
+            torch.sub(vals.float(), s[:, None], out=logprobs[a:b])
         lse[a:b] = s
-        del logits
+        del x
     return ids, logprobs, lse
 
 
-def teacher_topk_spans(final: torch.Tensor, weight: torch.Tensor,
-                       spans: list[tuple[int, int, int]]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def teacher_topk_spans(final: torch.Tensor, weight: torch.Tensor, spans: list[tuple[int, int, int]], *,
+                       logits: bool = False) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """:func:`teacher_topk` of the rows ``final[off:off + n]`` of each span ``(off, n, k)`` (one prefill pass's
     requests), in that order: spans that follow one another with the same ``k`` are computed in one call, so
-    a pass of short requests takes as few matrix products and top-k launches as one long request."""
+    a pass of short requests takes as few matrix products and top-k launches as one long request. ``logits``: as
+    :func:`teacher_topk`'s."""
     order = sorted(range(len(spans)), key=lambda i: spans[i][0])
     out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = [None] * len(spans)
     i = 0
@@ -118,7 +127,7 @@ def teacher_topk_spans(final: torch.Tensor, weight: torch.Tensor,
             j += 1
         lo = spans[order[i]][0]
         hi = spans[order[j - 1]][0] + spans[order[j - 1]][1]
-        ids, logprobs, lse = teacher_topk(final[lo:hi], weight, spans[order[i]][2])
+        ids, logprobs, lse = teacher_topk(final[lo:hi], weight, spans[order[i]][2], logits=logits)
         for m in order[i:j]:
             a, b = spans[m][0] - lo, spans[m][0] - lo + spans[m][1]
             out[m] = (ids[a:b], logprobs[a:b], lse[a:b])

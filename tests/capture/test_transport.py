@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hs_dataset.capture.transport import Ring, RingWriter, parse_rid, private_dir, remove_stale, request_spans
+from hs_dataset.capture.transport import (Ring, RingWriter, make_rid, parse_rid, private_dir, remove_stale,
+                                         request_spans, rid_teacher_k)
 from hs_dataset.codec.fp8 import fp8_quantize
 from hs_dataset.errors import RequestError, TransportError
 
@@ -194,9 +195,20 @@ def test_a_ring_larger_than_the_shared_memory_is_refused_up_front(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_request_ids_and_spans():
+def test_request_ids_and_spans(tmp_path):
     assert parse_rid("hsds-abc123-17", "hsds-") == ("abc123", 17)
     assert parse_rid("other-1", "hsds-") is None and parse_rid("hsds-x", "hsds-") is None
+    # a request that asks for the teacher's top-k says its k (every TP rank reads it from the batch)
+    assert make_rid("hsds-", "abc123", 17, 64) == "hsds-abc123-17-k64" and make_rid("hsds-", "abc123", 17) == "hsds-abc123-17"
+    assert parse_rid("hsds-abc123-17-k64", "hsds-") == ("abc123", 17) and rid_teacher_k("hsds-abc123-17-k64", "hsds-") == 64
+    assert parse_rid("hsds-a-k9-3", "hsds-") == ("a-k9", 3) and rid_teacher_k("hsds-a-k9-3", "hsds-") == 0
+    assert rid_teacher_k("hsds-abc123-17", "hsds-") == 0 and rid_teacher_k("other-1-k64", "hsds-") == 0
+    ring = Ring.create(tmp_path, 1 << 20)
+    plain, asks = ring.reserve(4, N_STATES, H, "bfloat16"), ring.reserve(4, N_STATES, H, "bfloat16", teacher_k=8)
+    assert parse_rid(ring.rid(plain, "hsds-"), "hsds-") == (ring.token, plain.seq)
+    assert parse_rid(ring.rid(asks, "hsds-"), "hsds-") == (ring.token, asks.seq)
+    assert (rid_teacher_k(ring.rid(plain, "hsds-"), "hsds-"), rid_teacher_k(ring.rid(asks, "hsds-"), "hsds-")) == (0, 8)
+    ring.close()
     rids = ["hsds-a-0", "other-1", "hsds-a-2", "hsds-a-3"]
     spans = request_spans(rids, [5, 3, 4, 2], [0, 0, 128, 0], "hsds-")
     # rows: a0 0..5, other 5..8 (skipped), a2 8..12 (a chunk starting at position 128), a3 12..14

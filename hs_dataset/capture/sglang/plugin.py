@@ -23,7 +23,9 @@ Hooks (through SGLang's ``HookRegistry``; no SGLang file is copied or forked):
 * AROUND ``LogitsProcessor.forward`` (the text model's own): it receives the final post-norm
   states of every token and the aux states, which TP rank 0 hands to
   :func:`hs_dataset.capture.sglang.ring_copy.copy_pass` (split by request, copied into the
-  builders' rings). After TP's all-reduce the states are replicated: other ranks write nothing.
+  builders' rings). After TP's all-reduce the states are replicated: other ranks write nothing. With the
+  output embedding split over the TP ranks, every rank first takes its part of the teacher's top-k of the
+  requests that ask for it (:func:`hs_dataset.capture.sglang.teacher_ranks.pass_teachers`, one all-gather).
 
 TP rank 0 also keeps running totals in ``plugin-stats.json`` in ``dir`` (passes and rows captured,
 seconds spent in the hook on the scheduler thread, waiting for copies), so a slow build can tell the
@@ -42,6 +44,7 @@ from pathlib import Path
 import torch
 
 from hs_dataset.capture.sglang.ring_copy import Completer, S, atomic_json, copy_pass, ring_of
+from hs_dataset.capture.sglang.teacher_ranks import pass_teachers, vocab_shard
 from hs_dataset.capture.sglang.versions import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
 from hs_dataset.capture.transport import ENV, MANIFEST, PLUGIN_ERROR, SCHEDULER_ERROR
 from hs_dataset.codec.state_scan import warm_up as scan_warm_up
@@ -59,11 +62,8 @@ HOOK_TARGETS = (MODEL_RUNNER + ".load_model", MODEL_RUNNER + ".forward", LOGITS_
 PARALLEL_TARGETS = (PARALLEL_STATE + ".get_tensor_model_parallel_rank",
                     PARALLEL_STATE + ".get_tensor_model_parallel_world_size",
                     PARALLEL_STATE + ".get_pipeline_model_parallel_world_size")
+TP_GROUP = PARALLEL_STATE + ".get_tp_group"  # its all_gather, for the teacher of a split output embedding
 WRAPPER_ATTRS = ("language_model",)  # where ...ForConditionalGeneration wrappers keep their text model
-
-
-
-
 
 
 def _resolve(target: str) -> object:
@@ -104,7 +104,7 @@ def register() -> None:
 
         if sglang_version_tuple(sglang.__version__) < MIN_SGLANG:
             raise ImportError(f"sglang {sglang.__version__} has no plugin framework (needs {SUPPORTED_SGLANG})")
-        for t in HOOK_TARGETS + PARALLEL_TARGETS:
+        for t in HOOK_TARGETS + PARALLEL_TARGETS + (TP_GROUP,):
             _resolve(t)
         S.config = cfg
         _watch_scheduler_errors(cfg["dir"])
@@ -191,17 +191,24 @@ def _after_load_model(result, runner, *args, **kwargs):
         _capture_on(False)  # off until a pass holds requests of ours
         if S.prenorm:
             inner.norm.register_forward_hook(_after_final_norm)
+        dtype = getattr(runner, "dtype", torch.bfloat16)
+        # the teacher's rows on this rank: the whole vocabulary, or this rank's part of a split output embedding
+        shard = vocab_shard(getattr(text, "lm_head", None), S.vocab_size)
+        teacher_rows = shard[1] if shard else S.vocab_size or int(text.config.vocab_size)
         if S.tp_rank != 0:  # replicated states: rank 0 writes them; the others only say they are here
-            atomic_json(Path(cfg["dir"], f"plugin-rank-{tp_rank}.json"), {"pid": os.getpid(), "tp_rank": tp_rank})
+            no_lse = teacher_warm_up(teacher_rows, dtype) if shard and teacher_rows else None  # their teacher part
+            part = ("pytorch: " + no_lse if no_lse else "triton") if shard else None
+            atomic_json(Path(cfg["dir"], f"plugin-rank-{tp_rank}.json"), {"pid": os.getpid(), "tp_rank": tp_rank,
+                                                                       "teacher_lse": part})
             return None
         S.side_stream = torch.cuda.Stream()
         # Triton compiles the state scan's and the teacher's kernels on first use (seconds): now, not in a build's
         # first pass
-        no_kernel = scan_warm_up(int(text.config.hidden_size), getattr(runner, "dtype", torch.bfloat16))
+        no_kernel = scan_warm_up(int(text.config.hidden_size), dtype)
         if no_kernel:
             logger.warning("hs_dataset capture: the state scan's Triton kernel is not used (%s): "
                            "the PyTorch operations count instead, slower", no_kernel)
-        no_lse = teacher_warm_up(S.vocab_size or int(text.config.vocab_size), getattr(runner, "dtype", torch.bfloat16))
+        no_lse = teacher_warm_up(teacher_rows, dtype) if teacher_rows else None
         if no_lse:
             logger.warning("hs_dataset capture: the teacher's Triton logsumexp is not used (%s): "
                            "PyTorch takes it of a float32 copy of the logits instead, slower", no_lse)
@@ -214,7 +221,8 @@ def _after_load_model(result, runner, *args, **kwargs):
                     "tp_size": tp_size, "hidden_size": int(text.config.hidden_size),
                     "chunked_prefill_size": _chunked_prefill_size(runner),
                     "state_scan": "pytorch: " + no_kernel if no_kernel else "triton",
-                    "teacher_lse": "pytorch: " + no_lse if no_lse else "triton"}
+                    "teacher_lse": "pytorch: " + no_lse if no_lse else "triton",
+                    "teacher_vocab_shard": list(shard) if shard else None}
         atomic_json(Path(cfg["dir"], MANIFEST), manifest)
     except BaseException:
         _plugin_error(cfg, traceback.format_exc())
@@ -228,11 +236,15 @@ def _chunked_prefill_size(runner) -> int | None:
     return int(size) if isinstance(size, int) and size > 0 else None
 
 
+def _tp_all_gather(t: torch.Tensor) -> torch.Tensor:
+    """The TP ranks' ``t`` concatenated along the first dimension, in rank order (SGLang's TP group, as the
+    LogitsProcessor gathers the logits)."""
+    return _resolve(TP_GROUP)().all_gather(t, dim=0)  # type: ignore[operator]
+
+
 def _capture_on(on: bool) -> None:
     S.text.capture_aux_hidden_states = bool(on and S.aux_ids)
     S.text.model.layers_to_capture = list(S.aux_ids) if on else []
-
-
 
 
 def _around_forward(original, runner, forward_batch, *args, **kwargs):
@@ -261,19 +273,13 @@ def _around_logits(original, lp, input_ids, hidden_states, lm_head, logits_metad
     fb = S.batch
     if fb is not None and lp is getattr(S.text, "logits_processor", lp):
         S.batch = None  # once per forward pass
+        teachers = None
+        if S.tp_size > 1:  # every rank: its part of the teacher, when the output embedding is split (a collective)
+            teachers = pass_teachers(fb, hidden_states, lm_head, S.config["rid_prefix"], S.vocab_size, S.tp_size,
+                                     S.tp_rank, _tp_all_gather)
         if S.tp_rank == 0:
-            copy_pass(fb, hidden_states, aux_hidden_states, S.prenorm_state, lm_head)
+            copy_pass(fb, hidden_states, aux_hidden_states, S.prenorm_state, lm_head, teachers)
         mode = getattr(fb, "capture_hidden_mode", None)
         if mode is not None and not mode.need_capture():
             aux_hidden_states = None  # nobody else asked for them: spare the LogitsProcessor their pruning
     return original(lp, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states, *args, **kwargs)
-
-
-
-
-
-
-
-
-
-

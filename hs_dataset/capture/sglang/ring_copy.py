@@ -106,9 +106,11 @@ def close_ring(token: str) -> None:
     w.close()
 
 
-def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) -> None:
+def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None, teachers: Any = None) -> None:
     """Split one EXTEND pass by request and copy each request's rows into its ring slot (side stream);
-    for a slot that asks for the teacher's top-k, compute it from ``final`` and ``lm_head`` first."""
+    for a slot that asks for the teacher's top-k, compute it from ``final`` and ``lm_head`` first, or take it from
+    ``teachers`` (``{rid: (ids, logprobs, lse)}``: computed across the TP ranks,
+    :func:`hs_dataset.capture.sglang.teacher_ranks.pass_teachers`; None: this rank holds the whole vocabulary)."""
     t0 = time.perf_counter()
     cfg = S.config
     spans = request_spans(list(fb.rids), list(fb.extend_seq_lens_cpu), list(fb.extend_prefix_lens_cpu),
@@ -118,6 +120,7 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
         raise RuntimeError("the final norm's hook saw no pre-norm state in this pass")
     states = aux_states(aux, len(S.aux_ids), H) + ([prenorm] if S.prenorm else []) + [final]
     todo = []
+    given = {}  # (ring, seq) -> the teacher computed across the TP ranks
     for rid, off, start, n in spans:
         parsed = parse_rid(rid, cfg["rid_prefix"])
         if parsed is None:
@@ -134,9 +137,16 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
             ring.fail(seq, f"request {rid}: {start} prompt positions came from SGLang's radix cache and were not "
                            "computed, so their hidden states do not exist; run the server with --disable-radix-cache")
             continue
-        if info.teacher_k and (S.tp_size != 1 or lm_head is None or not hasattr(lm_head, "weight")):
-            ring.fail(seq, f"request {rid}: the teacher's top-k is computed on one GPU's whole output embedding: "
-                           f"run the engine with tp_size=1 (it has {S.tp_size}), or build without teacher")
+        top = teachers.get(rid) if info.teacher_k and teachers is not None else None
+        if info.teacher_k and teachers is not None:
+            if top is None or top[0].shape[1] != info.teacher_k:
+                ring.fail(seq, f"request {rid}: no top-{info.teacher_k} teacher was computed across the {S.tp_size} TP "
+                               "ranks for it (its id does not ask for that k, or the output embedding is not split "
+                               "over the TP group): build without teacher, or run the engine with tp_size=1")
+                continue
+        elif info.teacher_k and (lm_head is None or not hasattr(lm_head, "weight")):
+            ring.fail(seq, f"request {rid}: the LogitsProcessor got no output embedding with weights, which the "
+                           "teacher's top-k needs: build without teacher")
             continue
         # a slot of len(states) - 1 states is one without the final state (a build that stores the teacher instead)
         if start + n > info.num_tokens or info.hidden != H or info.n_states not in (len(states), len(states) - 1):
@@ -146,6 +156,8 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
         S.seen[rid] = None
         if len(S.seen) > 1_000_000:
             S.seen.popitem(last=False)
+        if top is not None:
+            given[(id(ring), seq)] = top
         todo.append((ring, info, off, start, n))
     todo = [job for job in todo if _room_for(*job)]
     if not todo:
@@ -175,12 +187,13 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
             pt = torch.stack([sc.stats(fp8=enc == ENCODINGS["fp8_e4m3"]) for sc in scans])
             per_token[enc] = torch.empty(pt.shape, dtype=torch.float64, pin_memory=True)
             per_token[enc].copy_(pt, non_blocking=True)
-        asks = [(ring, info, off, n) for ring, info, off, _, n in todo if info.teacher_k]
-        teachers = {}
+        asks = [(ring, info, off, n) for ring, info, off, _, n in todo
+                if info.teacher_k and (id(ring), info.seq) not in given]
+        tops_of = dict(given)
         if asks:  # the pass's requests that ask for it, in as few matrix products as their rows allow
             weight = lm_head.weight[:S.vocab_size] if S.vocab_size else lm_head.weight
             tops = teacher_topk_spans(final, weight, [(off, n, info.teacher_k) for _, info, off, n in asks])
-            teachers = {(id(ring), info.seq): t for (ring, info, _, _), t in zip(asks, tops)}
+            tops_of.update({(id(ring), info.seq): t for (ring, info, _, _), t in zip(asks, tops)})
         nbytes = 0
         for ring, info, off, start, n in todo:
             for pos, k in info.pieces(start, n):  # a windowed region wraps: positions modulo its rows
@@ -195,13 +208,13 @@ def copy_pass(fb: Any, final: Any, aux: Any, prenorm: Any, lm_head: Any = None) 
                         dst.copy_(fp8[j][0][a:a + k], non_blocking=True)
                         ring.scale_view(info, j, pos, k).copy_(fp8[j][1][a:a + k], non_blocking=True)
                     nbytes += dst.numel() * dst.element_size()
-                t = teachers.get((id(ring), info.seq))
+                t = tops_of.get((id(ring), info.seq))
                 if t is not None:
                     for dst_t, src_t in zip(ring.teacher_views(info, pos, k), t):
                         dst_t.copy_(src_t[a - off:a - off + k], non_blocking=True)
         done = torch.cuda.Event()
         done.record(side)
-    for t in states:
+    for t in states + [x for top in given.values() for x in top]:
         t.record_stream(side)  # keep the GPU memory alive until the copies have run
     with S.lock:
         for ring, *_ in todo:

@@ -14,7 +14,8 @@ File layout: a header page, a slot table, the data area. The consumer does all a
 1. before submitting a request it *reserves* a region of the data area big enough for the whole
    request (``[n_states, T, H]`` bf16, or fp8 bits ``[n_states, T, H]`` + float32 scales
    ``[n_states, T]``) and fills the request's slot (seq, offset, T, states, encoding); the request
-   id names the ring and the seq (``<prefix><token>-<seq>``, :func:`parse_rid`);
+   id names the ring and the seq (``<prefix><token>-<seq>``, and ``-k<k>`` when it asks for the teacher's
+   top-k: :func:`make_rid`, :func:`parse_rid`);
 2. the producer copies every prefill chunk of the request to its rows ``[start, start + n)`` of
    each state, and once the copy has completed on the GPU adds the chunk's NaN/Inf counts and, last,
    its rows to the slot (or marks the slot failed, with a message);
@@ -40,14 +41,14 @@ Only numpy-free, torch-only code: the plugin imports this module in SGLang's sch
 
 from hs_dataset.capture.transport.files import MEMORY_FS, file_system_type, private_dir, remove_stale
 from hs_dataset.capture.transport.format import (DEFAULT_RING_BYTES, ENCODINGS, ENV, MANIFEST, PLUGIN_ERROR, PLUGIN_STATS,
-                                                 SCHEDULER_ERROR, SlotInfo,
-                                                 parse_rid, region_bytes, request_spans)
+                                                 SCHEDULER_ERROR, SlotInfo, make_rid,
+                                                 parse_rid, region_bytes, request_spans, rid_teacher_k)
 from hs_dataset.capture.transport.ring import Lease, Ring
 from hs_dataset.capture.transport.writer import RingWriter
 from hs_dataset.errors import RequestError, TransportError
 
 __all__ = [
     "DEFAULT_RING_BYTES", "ENCODINGS", "ENV", "MANIFEST", "MEMORY_FS", "PLUGIN_ERROR", "PLUGIN_STATS", "SCHEDULER_ERROR", "Lease",
-    "RequestError", "Ring", "RingWriter", "SlotInfo", "TransportError", "file_system_type", "parse_rid", "private_dir",
-    "region_bytes", "remove_stale", "request_spans",
+    "RequestError", "Ring", "RingWriter", "SlotInfo", "TransportError", "file_system_type", "make_rid", "parse_rid",
+    "private_dir", "region_bytes", "remove_stale", "request_spans", "rid_teacher_k",
 ]

@@ -12,7 +12,7 @@ from hs_dataset.codec.state_stats import FIELDS as STAT_FIELDS
 
 __all__ = ["DEFAULT_RING_BYTES", "ENCODINGS", "ENV", "MANIFEST", "OWNER_LOCK", "PLUGIN_ERROR", "PLUGIN_STATS", "SCHEDULER_ERROR",
            "PRIVATE_DIR_PREFIX",
-           "RING_PREFIX", "SlotInfo", "parse_rid", "region_bytes", "request_spans"]
+           "RING_PREFIX", "SlotInfo", "make_rid", "parse_rid", "region_bytes", "request_spans", "rid_teacher_k"]
 
 ENV = "HS_DATASET_CAPTURE"  # JSON {"layers": [...], "dir": "...", "rid_prefix": "...", "ring": token?} for the plugin
 MANIFEST = "plugin-manifest.json"
@@ -81,14 +81,35 @@ def region_bytes(num_tokens: int, n_states: int, hidden: int, encoding: int, tea
     return base + _teacher_bytes(num_tokens, teacher_k) + n_states * _STATS_FIELDS * 8
 
 
-def parse_rid(rid: str, prefix: str) -> tuple[str, int] | None:
-    """``<prefix><token>-<seq>`` -> (token, seq); None for a request that is not ours."""
+def make_rid(prefix: str, token: str, seq: int, teacher_k: int = 0) -> str:
+    """A request's id: ``<prefix><token>-<seq>``, and ``-k<teacher_k>`` when it asks for the teacher's top-k (every
+    TP rank reads that from the batch: with the output embedding split over ranks, each computes its part)."""
+    return f"{prefix}{token}-{seq}" + (f"-k{teacher_k}" if teacher_k else "")
+
+
+def _rid_parts(rid: str, prefix: str) -> tuple[str, int, int] | None:
     if not rid.startswith(prefix):
         return None
-    token, sep, seq = rid[len(prefix):].rpartition("-")
+    body, k = rid[len(prefix):], 0
+    head, sep, tail = body.rpartition("-k")
+    if sep and tail.isdigit() and "-" in head:
+        body, k = head, int(tail)
+    token, sep, seq = body.rpartition("-")
     if not sep or not seq.isdigit():
         return None
-    return token, int(seq)
+    return token, int(seq), k
+
+
+def parse_rid(rid: str, prefix: str) -> tuple[str, int] | None:
+    """:func:`make_rid`'s id -> (token, seq); None for a request that is not ours."""
+    parts = _rid_parts(rid, prefix)
+    return None if parts is None else parts[:2]
+
+
+def rid_teacher_k(rid: str, prefix: str) -> int:
+    """The teacher's ``k`` a request of ours asks for in its id (:func:`make_rid`); 0 for none or not ours."""
+    parts = _rid_parts(rid, prefix)
+    return 0 if parts is None else parts[2]
 
 
 def request_spans(rids: list[str], extend_lens: list[int], prefix_lens: list[int],

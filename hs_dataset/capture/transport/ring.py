@@ -21,7 +21,7 @@ from hs_dataset.capture.transport.format import (_ALIGN, _DATA_ALIGN, _FAILED, _
                                                  _S_HIDDEN, _S_MESSAGE, _S_NONFINITE, _S_NSTATES, _S_OFFSET, _S_ROWS,
                                                  _S_SEQ, _S_STATE, _S_TEACHER, _S_TOKENS, _S_WINDOW, _SLOT_BYTES, ENCODINGS,
                                                  POLL_MAX_S, RING_PREFIX, STALE_AFTER_S, SlotInfo, _align, _get, _map,
-                                                 _put, region_bytes)
+                                                 _put, make_rid, region_bytes)
 from hs_dataset.capture.transport.regions import FreeList, Lease, _use_count
 from hs_dataset.errors import RequestError, TransportError
 
@@ -190,7 +190,8 @@ class Ring:
         return lease
 
     def rid(self, lease: Lease, prefix: str) -> str:
-        return f"{prefix}{self.token}-{lease.seq}"
+        """The id of the request that fills ``lease`` (:func:`~hs_dataset.capture.transport.format.make_rid`)."""
+        return make_rid(prefix, self.token, lease.seq, lease.info.teacher_k)
 
     def in_use(self) -> int:
         """Bytes of regions reserved, in flight or still referenced."""
