@@ -145,7 +145,7 @@ def test_pass_teachers_over_gloo_ranks_gives_rank_0_each_asking_requests_teacher
             make_rid("hsds-", "abc-k9", 4, 5)]
     lens, prefix = [4, 9, 6, 11, 10], [0, 128, 0, 0, 3]
     batch = json.dumps({"rids": rids, "lens": lens, "prefix": prefix})
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo")  # the ranks talk over the loopback
     procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), str(world), str(ROOT), str(tmp_path / "store"),
                                str(tmp_path / f"rank{r}.pt"), str(vocab), batch], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(world)]
