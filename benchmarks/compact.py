@@ -18,7 +18,9 @@ bytes per token on disk, build tok/s vs the engine's plain prefill of the same i
 not ours, measured before) and vs the disk's write rate over the row's bytes per token, and the reader's
 decoded GB/s over the /dev/shm build (``iter_torch`` over ``open_dataset``, or over ``load_dataset(dir,
 streaming=True)`` for Parquet). Random weights give near-Gaussian states: the coding ratio is reported as
-measured on the stand-in.
+measured on the stand-in. Each build also gives its head and tail, in seconds (``build_<where>_head_tail_s``):
+from its start to the first row the capture handed out, and from the last to its end (the last shards written
+or coded, the commits, the finalize), which a build of a few seconds feels most.
 
     python benchmarks/compact.py --json $OUT/compact.json     (or from benchmarks/long_context.py --compact)
     python benchmarks/compact.py --shm-only --builds 3 --json $OUT/compact.json   (each /dev/shm build best of 3)
@@ -45,6 +47,28 @@ ROWS = [  # name, config fields
 ]
 PARQUET_ROW = ("fp8 + teacher + parquet", {"storage_dtype": "fp8_e4m3", "teacher": "topk:64", "store_final": False,
                                            "file_format": "parquet"})
+
+
+class Timed:
+    """The backend, noting when its capture handed out its first and its last item: a build's head (before the first
+    row) and tail (after the last: the last shards written or coded, the commits, the finalize) are then told apart
+    from the capture in between."""
+
+    def __init__(self, backend):
+        self._backend = backend
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
+
+    def capture(self, samples, **kw):
+        self.first = self.last = None
+        for item in self._backend.capture(samples, **kw):
+            self.last = time.time()
+            if self.first is None:
+                self.first = self.last
+            yield item
 
 
 def read_rate(out: Path, coded: bool) -> float:
@@ -134,15 +158,20 @@ def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate
             rates = []
             for _ in range(builds if where == "shm" else 1):
                 shutil.rmtree(dst, ignore_errors=True)
+                timed = Timed(be)
                 t = time.time()
                 sampler = StackSampler() if profile else None
                 try:
                     with sampler or contextlib.nullcontext():
-                        s = build(HiddenStatesConfig(**base, **fields), dst, backend=be, progress=False)
+                        s = build(HiddenStatesConfig(**base, **fields), dst, backend=timed, progress=False)
                 except Exception as e:  # recorded, and the next row runs
                     row[f"error_{where}"] = f"{type(e).__name__}: {e}"[:500]
                     break
-                rates.append(s.counts.tokens_written / (time.time() - t))
+                end = time.time()
+                rates.append(s.counts.tokens_written / (end - t))
+                if timed.first is not None and timed.last is not None:  # seconds: before the first row, after the last
+                    row.setdefault(f"build_{where}_head_tail_s", []).append(
+                        [round(timed.first - t, 3), round(end - timed.last, 3)])
                 if sampler is not None:
                     row[f"stacks_{where}"] = sampler.report()
             if not rates:
