@@ -13,6 +13,10 @@ Two layouts, the ones the drafter trainers consume:
 In a ``DataLoader`` worker the batch is written into shared memory, as ``default_collate`` does, so
 handing it to the training process copies nothing; each worker reuses a few such buffers once the
 training process has dropped the batches in them (:mod:`hs_dataset.read.worker_batches`).
+
+Samples of an fp8 build read with ``fp8="codes"`` (``iter_torch``, ``TORCH_FORMAT``) give batches of the
+stored codes (``torch.float8_e4m3fn``, half the bytes of bf16) and their scales, which :func:`decode_on`
+moves to the trainer's GPU and decodes there: no decode on the host, half the bytes over PCIe.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ import torch
 
 # registers TORCH_FORMAT: a bare (spawned) DataLoader worker unpickling a collator has it
 import hs_dataset.read.torch_format  # noqa: F401
-from hs_dataset.layout import FINAL_COLUMN, TEACHER_IDS_COLUMN, TEACHER_LOGPROBS_COLUMN, TEACHER_LSE_COLUMN, layer_of
+from hs_dataset.codec.fp8 import fp8_dequantize
+from hs_dataset.layout import (FINAL_COLUMN, TEACHER_IDS_COLUMN, TEACHER_LOGPROBS_COLUMN, TEACHER_LSE_COLUMN, layer_of,
+                               scale_column)
 from hs_dataset.read.safe_views import libc_madvise
 from hs_dataset.read.worker_batches import SharedBatch, WorkerBuffers
 
-__all__ = ["DrafterCollator", "empty_batch_tensor"]
+__all__ = ["DrafterCollator", "decode_on", "empty_batch_tensor"]
 
 _MADV_HUGEPAGE = 14
 # buffers kept per state in the training process: the batch a training loop still holds while it asks for the
@@ -67,15 +73,19 @@ def _in_worker() -> bool:
     return data is not None and data.get_worker_info() is not None
 
 
-def _copy_bf16(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst[...] = src`` for CPU bf16 tensors, as one numpy copy.
+_BITS = {2: torch.int16, 1: torch.int8}  # a state's element size -> the integer type numpy copies it as
+
+
+def _copy_states(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[...] = src`` for CPU state tensors of one dtype (bf16, or fp8 codes), as one numpy copy.
 
     torch's copy of a [T, H] slab into a strided batch slice runs on its intra-op threads, which
     on a 2-vCPU machine is 3x slower than a single memcpy-speed loop (measured 4.6-6.6 vs 18 GB/s
     for a 235 MB Kimi batch); numpy copies 2-byte elements with a plain strided memcpy loop.
     """
-    if dst.dtype == src.dtype == torch.bfloat16 and dst.device.type == src.device.type == "cpu":
-        np.copyto(dst.view(torch.int16).numpy(), src.view(torch.int16).numpy())
+    bits = _BITS.get(dst.element_size())
+    if dst.dtype == src.dtype and bits is not None and dst.device.type == src.device.type == "cpu":
+        np.copyto(dst.view(bits).numpy(), src.view(bits).numpy())
     else:
         dst.copy_(src)
 
@@ -137,30 +147,32 @@ class DrafterCollator:
     def __getstate__(self) -> dict[str, Any]:  # a DataLoader worker gets the settings, not the buffers
         return {**self.__dict__, "_pool": {}, "_shared": None}
 
-    def _states(self, B: int, T: int, H: int, n: int, final: bool) -> tuple[torch.Tensor | None, torch.Tensor, int]:
-        """The state buffers of a batch, ``[B, T, H]`` (None without ``final``) and ``[B, T, n*H]``, and the
-        worker buffer index holding them (-1: none)."""
+    def _states(self, B: int, T: int, H: int, n: int, final: bool,
+                dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor, int]:
+        """The state buffers of a batch, ``[B, T, H]`` (None without ``final``) and ``[B, T, n*H]`` of ``dtype``, and
+        the worker buffer index holding them (-1: none)."""
         if not (_in_worker() and self.worker_buffers > 0):
-            return (self._buffer("hidden_states", (B, T, H)) if final else None,
-                    self._buffer("aux_hidden_states", (B, T, n * H)), -1)
+            return (self._buffer("hidden_states", (B, T, H), dtype) if final else None,
+                    self._buffer("aux_hidden_states", (B, T, n * H), dtype), -1)
         if self._shared is None:
             self._shared = WorkerBuffers(self.worker_buffers)
-        index, storage = self._shared.take(B * T * (n + int(final)) * H * 2)
-        aux = torch.empty((0,), dtype=torch.bfloat16).set_(storage, 0, (B, T, n * H))  # type: ignore[call-overload]
-        last = torch.empty((0,), dtype=torch.bfloat16).set_(storage, B * T * n * H, (B, T, H)) if final else None  # type: ignore[call-overload]
+        size = torch.empty((), dtype=dtype).element_size()
+        index, storage = self._shared.take(B * T * (n + int(final)) * H * size)
+        aux = torch.empty((0,), dtype=dtype).set_(storage, 0, (B, T, n * H))  # type: ignore[call-overload]
+        last = torch.empty((0,), dtype=dtype).set_(storage, B * T * n * H, (B, T, H)) if final else None  # type: ignore[call-overload]
         return last, aux, index
 
-    def _buffer(self, key: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def _buffer(self, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A ``shape`` view of a pooled buffer nothing references any more, or of a fresh one (kept when there is room)."""
         n = math.prod(shape)
         if not self.reuse_buffers:
-            return empty_batch_tensor(shape, torch.bfloat16)
-        pool = self._pool.setdefault(key, [])
+            return empty_batch_tensor(shape, dtype)
+        pool = self._pool.setdefault(f"{key}:{dtype}", [])
         pool[:] = [t for t in pool if not t.untyped_storage().is_shared()]  # handed to another process: never free here
         for i in range(len(pool)):
             if pool[i].numel() >= n and _unreferenced(pool[i], python_refs=1):
                 return pool[i][:n].view(shape)
-        flat = empty_batch_tensor((max([n] + [t.numel() for t in pool]),), torch.bfloat16)  # as large as the largest yet
+        flat = empty_batch_tensor((max([n] + [t.numel() for t in pool]),), dtype)  # as large as the largest yet
         if len(pool) < _POOL_DEPTH:
             pool.append(flat)
         else:
@@ -175,7 +187,9 @@ class DrafterCollator:
         layer_cols = sorted((c for c in samples[0] if layer_of(c) is not None), key=lambda c: layer_of(c) or 0)
         lens = [min(int(s["input_ids"].shape[0]), self.max_length or 1 << 62) for s in samples]
         final = FINAL_COLUMN in samples[0]
-        H = samples[0][FINAL_COLUMN if final else layer_cols[0]].shape[-1]
+        first = samples[0][FINAL_COLUMN if final else layer_cols[0]]
+        H, dtype = first.shape[-1], first.dtype
+        codes = dtype == torch.float8_e4m3fn  # fp8="codes": the stored codes, and their scales beside them
         if self.packed:
             starts = np.concatenate(([0], np.cumsum(lens)))
             rows = [(0, int(a), n) for a, n in zip(starts, lens)]
@@ -189,9 +203,13 @@ class DrafterCollator:
             "loss_mask": small((B, T), 0, dtype=torch.long),
         }
         # not zeroed: every position is written below, the padding with zeros
-        last, batch["aux_hidden_states"], index = self._states(B, T, H, len(layer_cols), final)
+        last, batch["aux_hidden_states"], index = self._states(B, T, H, len(layer_cols), final, dtype)
         if last is not None:
             batch["hidden_states"] = last
+        if codes:
+            batch["aux_hidden_scales"] = small((B, T, len(layer_cols)), 0, dtype=torch.float32)
+            if final:
+                batch["hidden_scales"] = small((B, T), 0, dtype=torch.float32)
         if TEACHER_IDS_COLUMN in samples[0]:
             k = samples[0][TEACHER_IDS_COLUMN].shape[-1]
             batch["teacher_ids"] = torch.full((B, T, k), -1, dtype=torch.long)
@@ -210,9 +228,13 @@ class DrafterCollator:
             else:
                 batch["attention_mask"][b, :n] = 1
             if final:
-                _copy_bf16(batch["hidden_states"][b, a:a + n], s[FINAL_COLUMN][:n])
+                _copy_states(batch["hidden_states"][b, a:a + n], s[FINAL_COLUMN][:n])
+                if codes:
+                    batch["hidden_scales"][b, a:a + n] = s[scale_column(FINAL_COLUMN)][:n]
             for j, c in enumerate(layer_cols):
-                _copy_bf16(batch["aux_hidden_states"][b, a:a + n, j * H:(j + 1) * H], s[c][:n])
+                _copy_states(batch["aux_hidden_states"][b, a:a + n, j * H:(j + 1) * H], s[c][:n])
+                if codes:
+                    batch["aux_hidden_scales"][b, a:a + n, j] = s[scale_column(c)][:n]
             if not self.packed and n < T:
                 if final:
                     batch["hidden_states"][b, n:] = 0
@@ -231,3 +253,25 @@ class DrafterCollator:
 
 def _shared_full(shape: tuple[int, ...], value: int, dtype: torch.dtype) -> torch.Tensor:
     return empty_batch_tensor(shape, dtype).fill_(value)
+
+
+def decode_on(batch: dict[str, torch.Tensor], device: torch.device | str,
+              non_blocking: bool = True) -> dict[str, torch.Tensor]:
+    """``batch`` (a :class:`DrafterCollator` batch) on ``device``, its fp8 states decoded to bf16 there.
+
+    A batch of fp8 codes (samples read with ``fp8="codes"``) becomes the batch of bf16 states the decoded samples
+    give, bit for bit (:func:`hs_dataset.codec.fp8.fp8_dequantize` on ``device``: ``bfloat16(float32(code) *
+    scale)``); the ``*_scales`` entries are used up. Other tensors (and a bf16 batch) are only moved.
+    ``non_blocking``: copies from pinned memory (``DataLoader(pin_memory=True)``) overlap the GPU's work. On the
+    host (``device="cpu"``) it decodes as ``fp8="decode"`` would have, after the collation.
+    """
+    out = {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items() if not k.endswith("_scales")}
+    for key, scales in (("aux_hidden_states", "aux_hidden_scales"), ("hidden_states", "hidden_scales")):
+        if scales not in batch:
+            continue
+        codes, scale = out[key], batch[scales].to(device, non_blocking=non_blocking)
+        if scale.dim() == codes.dim() - 1:  # one state: [B, T, H] with [B, T]
+            scale = scale[..., None]
+        per = codes.view(torch.uint8).view(*codes.shape[:-1], scale.shape[-1], -1)  # [B, T, n, H]
+        out[key] = fp8_dequantize(per, scale).view(codes.shape)
+    return out

@@ -3,10 +3,12 @@
 ``load_dataset`` gives nested Python lists for ``Array2D`` columns, and ``with_format("torch")``
 copies every value into an int64 tensor (the uint16 bit patterns as numbers, not bf16). These
 functions read the Arrow buffers instead: bf16 bits are viewed as ``torch.bfloat16``, fp8-stored
-columns are decoded to bf16 (one multiply). Tensors are never views of the read-only shard
-mappings (an in-place op there is a segfault): large states are private copy-on-write mappings of
-the same bytes (:mod:`hs_dataset.read.safe_views`), small values are copied, and memory no file backs
-(a streaming dataset's batches) is viewed as it is.
+columns are decoded to bf16 (one multiply), or with ``fp8="codes"`` handed out as they are stored
+(``torch.float8_e4m3fn`` codes and their float32 scales), for a trainer that decodes them on its GPU
+(:func:`hs_dataset.read.collate.decode_on`: half the bytes to move, no decode on the host). Tensors
+are never views of the read-only shard mappings (an in-place op there is a segfault): large states are
+private copy-on-write mappings of the same bytes (:mod:`hs_dataset.read.safe_views`), small values are
+copied, and memory no file backs (a streaming dataset's batches) is viewed as it is.
 """
 
 from __future__ import annotations
@@ -21,7 +23,18 @@ from hs_dataset.layout import (FINAL_COLUMN, MESSAGES_COLUMN, SAMPLE_TOKENS_COLU
                                TEACHER_LOGPROBS_COLUMN, TEACHER_LSE_COLUMN, TOKEN_START_COLUMN, layer_of, scale_column)
 from hs_dataset.read.safe_views import SafeViews
 
-__all__ = ['column_bits', 'decode_row', 'decode_state', 'list_values', 'state_columns_of']
+__all__ = ['FP8_MODES', 'check_fp8_mode', 'column_bits', 'decode_row', 'decode_state', 'list_values',
+           'state_columns_of']
+
+FP8_MODES = ("decode", "codes")  # fp8-stored states: bf16 decoded on the host, or the stored codes and scales
+
+
+def check_fp8_mode(fp8: str) -> str:
+    """``fp8`` if it is one of :data:`FP8_MODES`; else ValueError naming them."""
+    if fp8 not in FP8_MODES:
+        raise ValueError(f"fp8={fp8!r}: use 'decode' (bf16 decoded on the host) or 'codes' (the stored float8_e4m3fn "
+                         "codes and their scales, to decode on the GPU with hs_dataset.read.collate.decode_on)")
+    return fp8
 
 
 def _chunk_and_index(col: pa.ChunkedArray | pa.Array, i: int) -> tuple[pa.Array, int]:
@@ -64,8 +77,10 @@ def list_values(col: pa.ChunkedArray | pa.Array, i: int = 0, *, views: SafeViews
     return _as_tensor(values, views or SafeViews())
 
 
-def decode_state(table: pa.Table, column: str, i: int = 0, *, views: SafeViews | None = None) -> torch.Tensor:
-    """One hidden-state column of row ``i`` as ``torch.bfloat16 [T, H]`` (``views``: as in :func:`column_bits`).
+def decode_state(table: pa.Table, column: str, i: int = 0, *, views: SafeViews | None = None,
+                 fp8: str = "decode") -> torch.Tensor:
+    """One hidden-state column of row ``i`` as ``torch.bfloat16 [T, H]`` (``views``: as in :func:`column_bits`);
+    with ``fp8="codes"`` an fp8-stored one as its stored codes, ``torch.float8_e4m3fn [T, H]``.
 
     Raises:
         TypeError: the column holds neither bf16 nor fp8 bits.
@@ -75,6 +90,8 @@ def decode_state(table: pa.Table, column: str, i: int = 0, *, views: SafeViews |
     if bits.dtype == torch.uint16:
         return bits.view(torch.bfloat16)
     if bits.dtype == torch.uint8:
+        if check_fp8_mode(fp8) == "codes":
+            return bits.view(torch.float8_e4m3fn)
         return fp8_decode(bits, list_values(table.column(scale_column(column)), i, views=views))
     raise TypeError(f"column {column!r} holds {bits.dtype}, not a hidden-state encoding")
 
@@ -86,7 +103,7 @@ def state_columns_of(table: pa.Table) -> list[str]:
 
 
 def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None, *,
-               views: SafeViews | None = None) -> dict[str, Any]:
+               views: SafeViews | None = None, fp8: str = "decode") -> dict[str, Any]:
     """Row ``i`` of an Arrow table (``ds.with_format("arrow")[k]`` or a batch) as torch tensors.
 
     Args:
@@ -95,6 +112,8 @@ def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None
         columns: the hidden-state columns to decode (default: all of them).
         views: how tensors over Arrow memory are made (default: a fresh
             :class:`~hs_dataset.read.safe_views.SafeViews`: tensors safe to write to).
+        fp8: ``"decode"`` (default): fp8-stored states decoded to bf16; ``"codes"``: as stored, each a
+            ``torch.float8_e4m3fn [T, H]`` with its float32 scales ``[T]`` as ``<column>_scale``.
 
     Returns:
         ``id`` (str), ``input_ids`` (int32 [T]), ``loss_mask`` (uint8 [T]), every hidden-state column (or
@@ -118,7 +137,9 @@ def decode_row(table: pa.Table, i: int = 0, columns: Iterable[str] | None = None
         if c in names:
             out[c] = list_values(table.column(c), i, views=views)
     for c in columns if columns is not None else state_columns_of(table):
-        out[c] = decode_state(table, c, i, views=views)
+        out[c] = decode_state(table, c, i, views=views, fp8=fp8)
+        if out[c].dtype == torch.float8_e4m3fn:
+            out[scale_column(c)] = list_values(table.column(scale_column(c)), i, views=views)
     for c in (TEACHER_IDS_COLUMN, TEACHER_LOGPROBS_COLUMN):  # teacher builds: [M, k] at the M masked positions
         if c in names:
             out[c] = column_bits(table.column(c), i, views=views)

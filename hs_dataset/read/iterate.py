@@ -15,7 +15,7 @@ import datasets
 import pyarrow as pa
 import torch
 
-from hs_dataset.read.decode import decode_row
+from hs_dataset.read.decode import check_fp8_mode, decode_row
 from hs_dataset.read.safe_views import SafeViews
 from hs_dataset.read.shard_checks import ensure_intact
 
@@ -26,7 +26,7 @@ READ_AHEAD_BYTES = 256 << 20  # read-ahead per unit of ``prefetch``: two 117 MB 
 
 
 def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
-               prefetch: int = 1) -> Iterator[dict[str, Any]]:
+               prefetch: int = 1, fp8: str = "decode") -> Iterator[dict[str, Any]]:
     """Iterate a ``Dataset`` or a streaming ``IterableDataset`` as dicts of torch tensors (see decode_row).
 
     Args:
@@ -39,14 +39,18 @@ def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
             (0: none): the coming rows are read and decoded there, up to ``prefetch * READ_AHEAD_BYTES``
             of states (at least one row); a mapped shard's pages are read in from disk there too, so
             the caller's copy into the training batch never waits for the disk.
+        fp8: ``"decode"`` (default): fp8-stored states decoded to bf16 here; ``"codes"``: the stored codes and
+            scales (see :func:`~hs_dataset.read.decode.decode_row`), to decode on the GPU
+            (:func:`~hs_dataset.read.collate.decode_on`).
 
     Raises:
         TypeError: a column holds neither bf16 nor fp8 bits.
     """
     cols = list(columns) if columns is not None else None
+    check_fp8_mode(fp8)
     tables = ds.with_format("arrow").iter(batch_size=batch_size)
     mapped = isinstance(ds, datasets.Dataset)
-    rows = _decoded_rows(tables, cols, populate=prefetch > 0, per_table=not mapped)
+    rows = _decoded_rows(tables, cols, populate=prefetch > 0, per_table=not mapped, fp8=fp8)
     if prefetch > 0:
         rows = _read_ahead(rows, prefetch * READ_AHEAD_BYTES, cost=_state_bytes)
     stop = _verify_ahead([c["filename"] for c in ds.cache_files]) if mapped and prefetch > 0 else None
@@ -77,7 +81,7 @@ def _verify_ahead(files: list[str]) -> threading.Event:
 
 
 def _decoded_rows(tables: Iterable[pa.Table], columns: list[str] | None, *, populate: bool,
-                  per_table: bool) -> Iterator[dict[str, Any]]:
+                  per_table: bool, fp8: str = "decode") -> Iterator[dict[str, Any]]:
     """``per_table``: a fresh :class:`SafeViews` (a fresh read of the process's mappings) for each table, for
     streaming, where file mappings can come and go between batches and an address can change hands."""
     views: SafeViews | None = None
@@ -88,7 +92,7 @@ def _decoded_rows(tables: Iterable[pa.Table], columns: list[str] | None, *, popu
                     views.close()
                 views = SafeViews(populate=populate)
             for i in range(table.num_rows):
-                yield decode_row(table, i, columns, views=views)
+                yield decode_row(table, i, columns, views=views, fp8=fp8)
     finally:
         if views is not None:
             views.close()
