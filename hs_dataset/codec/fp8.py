@@ -42,7 +42,9 @@ def fp8_dequantize(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if bits.device.type == "cpu" and bits.numel():
         h = bits.shape[-1]
         return _dequantize_cpu(bits.reshape(-1, h), scale.reshape(-1)).view(bits.shape)
-    return (bits.view(torch.float8_e4m3fn).float() * scale.unsqueeze(-1).float()).to(torch.bfloat16)
+    out = torch.empty(bits.shape, dtype=torch.bfloat16, device=bits.device)
+    _by_cast(bits, scale.float(), out)
+    return out
 
 
 # With at most this many PyTorch threads a CPU decode looks the codes up in a table (_by_table); with more, it casts
@@ -76,8 +78,9 @@ def _dequantize_cpu(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _by_cast(bits: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
-    """PyTorch's float8 -> float32 cast, times the scale into the bf16 ``out``: two parallel calls."""
-    torch.mul(bits.view(torch.float8_e4m3fn).float(), scale[:, None], out=out)
+    """PyTorch's float8 -> float32 cast, times the float32 scale into the bf16 ``out`` (``bits [..., H]``, ``scale
+    [...]``; no float32 product made): two calls, on any device."""
+    torch.mul(bits.view(torch.float8_e4m3fn).float(), scale.unsqueeze(-1), out=out)
 
 
 def _by_table(bits: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
