@@ -39,8 +39,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import torch
 
+from hs_dataset.capture.selfcheck import FINAL, SelfCheckError, check_capture, selfcheck_file, warmup_ids
 from hs_dataset.capture.sglang.attach import AttachedServer
 from hs_dataset.capture.sglang.engine import OwnEngine
 from hs_dataset.capture.sglang.ring_client import RID_PREFIX, RingClient
@@ -52,8 +54,14 @@ from hs_dataset.errors import BackendError, TransportError
 from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo, target_of
 from hs_dataset.prepare.regenerate import Generation, Prompt
+from hs_dataset.records import CaptureResult, TokenizedSample
 
-__all__ = ["SGLangBackend"]
+__all__ = ["CONVENTION", "SGLangBackend"]
+
+# What the plugin records, as the self-check verifies it (hs_dataset.json / the card name it)
+CONVENTION = ("layer k = output of decoder layer k: SGLang's aux capture at layers_to_capture = k + 1 (set directly, "
+              "not through set_eagle3_layers_to_capture), layer L-1 from the final norm's residual input, "
+              "hidden_final = the final norm's output")
 
 
 
@@ -125,6 +133,7 @@ class SGLangBackend(RingClient):
             self._check_manifest()
             if self.ring.attached_pid:
                 self.ring.unlink()  # both sides have it mapped: from now on a crash leaves no file behind
+            self.selfcheck = self._self_check()
         except BaseException:
             self.close()
             raise
@@ -170,6 +179,39 @@ class SGLangBackend(RingClient):
             raise BackendError(f"the SGLang server's model has hidden size {m['hidden_size']}, this build's model "
                                f"{self.info.hidden_size}: attach to a server of the same model")
         self.manifest = m
+        if self.sglang_version == "attached":
+            self.sglang_version = str(m.get("sglang_version") or "of unknown version")
+
+    def _self_check(self, wait_s: float = 60.0) -> str:
+        """The start-up self-check (:mod:`hs_dataset.capture.selfcheck`): one warm-up prompt captured through the
+        ring while the plugin's forward hooks keep the decoder layers' and the final norm's outputs; every state
+        must equal its reference exactly. Returns the one-line result; raises :class:`BackendError` on a mismatch."""
+        assert self.ring is not None
+        want, got = (selfcheck_file(self.dir, self.ring.token, suffix) for suffix in ("want", "pt"))
+        want.write_text("")
+        ids = warmup_ids(self.info.vocab_size)
+        sample = TokenizedSample("hs_dataset-selfcheck", np.array(ids, dtype=np.int32), np.ones(len(ids), np.uint8))
+        try:
+            (r,) = list(self.capture([sample]))
+            if not isinstance(r, CaptureResult):
+                raise BackendError(f"the start-up self-check's warm-up prompt was rejected: {r.reason}")
+            captured: dict[int | str, torch.Tensor] = {k: r.layer(k).clone() for k in self.layers}
+            captured[FINAL] = r.final.clone()
+            deadline = time.monotonic() + wait_s
+            while not got.exists():  # the plugin saves it after the pass, the ring may be filled first
+                if time.monotonic() > deadline:
+                    raise BackendError(f"the hs_dataset SGLang plugin wrote no self-check reference in {wait_s:.0f} s "
+                                       f"({got}): is the server's hs_dataset the same version as this one?")
+                self._alive()
+                time.sleep(0.05)
+            reference = torch.load(got, map_location="cpu", weights_only=True)
+            try:
+                return check_capture(f"SGLang {self.sglang_version}", captured, reference)
+            except SelfCheckError as e:
+                raise BackendError(str(e)) from None
+        finally:
+            want.unlink(missing_ok=True)
+            got.unlink(missing_ok=True)
 
     def _alive(self) -> None:
         if self.server is not None:
@@ -183,8 +225,10 @@ class SGLangBackend(RingClient):
             return None
 
     def versions(self) -> dict[str, str]:
-
-        return {"sglang": self.sglang_version, "torch": torch.__version__}
+        """SGLang's and torch's versions, with the capture convention and the start-up self-check's result (recorded
+        in ``hs_dataset.json`` and the card's software table)."""
+        return {"sglang": self.sglang_version, "torch": torch.__version__, "sglang capture convention": CONVENTION,
+                "sglang self-check": getattr(self, "selfcheck", "not run")}
 
     # -- requests ---------------------------------------------------------------------------------
     def _submit(self, rid: str, ids: list[int], params: dict | None = None) -> cf.Future:

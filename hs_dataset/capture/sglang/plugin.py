@@ -43,10 +43,11 @@ from pathlib import Path
 
 import torch
 
+from hs_dataset.capture.selfcheck import ReferenceHooks, selfcheck_file
 from hs_dataset.capture.sglang.ring_copy import Completer, S, atomic_json, copy_pass, ring_of
 from hs_dataset.capture.sglang.teacher_ranks import pass_teachers, vocab_shard
 from hs_dataset.capture.sglang.versions import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
-from hs_dataset.capture.transport import ENV, MANIFEST, PLUGIN_ERROR, SCHEDULER_ERROR
+from hs_dataset.capture.transport import ENV, MANIFEST, PLUGIN_ERROR, SCHEDULER_ERROR, parse_rid, request_spans
 from hs_dataset.codec.state_scan import warm_up as scan_warm_up
 from hs_dataset.codec.teacher import warm_up as teacher_warm_up
 
@@ -215,7 +216,10 @@ def _after_load_model(result, runner, *args, **kwargs):
         S.completer = Completer(cfg["dir"])
         if cfg.get("ring"):
             ring_of(cfg["ring"])  # the in-process builder's ring: mapped now, before the first request
-        manifest = {"pid": os.getpid(), "layers": cfg["layers"], "layers_to_capture": S.aux_ids,
+        import sglang  # optional: pip install 'hs-dataset[sglang]'
+
+        manifest = {"pid": os.getpid(), "sglang_version": sglang.__version__, "layers": cfg["layers"],
+                    "layers_to_capture": S.aux_ids,
                     "prenorm_last_layer": S.prenorm, "model_class": type(runner.model).__name__,
                     "text_model_class": type(text).__name__, "num_layers": num_layers, "tp_rank": tp_rank,
                     "tp_size": tp_size, "hidden_size": int(text.config.hidden_size),
@@ -247,11 +251,45 @@ def _capture_on(on: bool) -> None:
     S.text.model.layers_to_capture = list(S.aux_ids) if on else []
 
 
+_SEEN_RINGS: set[str] = set()  # ring tokens whose first pass was looked at for a self-check request
+
+
+def _self_check_hooks(fb) -> tuple[str, ReferenceHooks] | None:
+    """For the first pass holding requests of a ring whose builder asked for the start-up self-check (it wrote
+    ``selfcheck-<token>.want`` before its first request, the warm-up prompt): forward hooks on every decoder layer
+    and the final norm, keeping that request's rows (:mod:`hs_dataset.capture.selfcheck`). One file check per ring."""
+    if S.tp_rank != 0:
+        return None
+    prefix, found = S.config["rid_prefix"], None
+    for rid, off, _start, n in request_spans(list(fb.rids), list(fb.extend_seq_lens_cpu),
+                                             list(fb.extend_prefix_lens_cpu), prefix):
+        parsed = parse_rid(rid, prefix)
+        if parsed is None or parsed[0] in _SEEN_RINGS:
+            continue
+        _SEEN_RINGS.add(parsed[0])
+        if found is None and selfcheck_file(S.config["dir"], parsed[0], "want").exists():
+            found = (parsed[0], off, n)
+    if found is None:
+        return None
+    token, off, n = found
+    inner = S.text.model
+    return token, ReferenceHooks(list(inner.layers), inner.norm, residual_in_output=True, rows=(off, off + n))
+
+
+def _save_self_check(token: str, hooks: ReferenceHooks) -> None:
+    hooks.remove()
+    path = selfcheck_file(S.config["dir"], token, "pt")
+    tmp = path.with_suffix(".tmp")
+    torch.save(hooks.cpu(), tmp)
+    os.replace(tmp, path)
+
+
 def _around_forward(original, runner, forward_batch, *args, **kwargs):
     prefix = S.config["rid_prefix"]
     ours = forward_batch.forward_mode.is_extend() and any(r.startswith(prefix) for r in (forward_batch.rids or []))
     if not ours:
         return original(runner, forward_batch, *args, **kwargs)
+    check = _self_check_hooks(forward_batch)
     S.batch = forward_batch
     _capture_on(True)
     try:
@@ -260,6 +298,8 @@ def _around_forward(original, runner, forward_batch, *args, **kwargs):
         _capture_on(False)
         S.batch = None
         S.prenorm_state = None
+        if check is not None:
+            _save_self_check(*check)
 
 
 def _after_final_norm(_module, _inputs, output):
