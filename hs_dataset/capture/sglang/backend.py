@@ -46,7 +46,7 @@ from hs_dataset.capture.selfcheck import FINAL, SelfCheckError, check_capture, s
 from hs_dataset.capture.sglang.attach import AttachedServer
 from hs_dataset.capture.sglang.engine import OwnEngine
 from hs_dataset.capture.sglang.ring_client import RID_PREFIX, RingClient
-from hs_dataset.capture.sglang.versions import check_sglang_version
+from hs_dataset.capture.sglang.versions import check_sglang_version, outside_audited_range
 from hs_dataset.capture.transport import (DEFAULT_RING_BYTES, MANIFEST, MEMORY_FS, PLUGIN_ERROR, PLUGIN_STATS, Ring,
                                           file_system_type,
                                           private_dir, remove_stale)
@@ -90,6 +90,12 @@ class SGLangBackend(RingClient):
         engine_args: more ``sglang.Engine`` arguments (e.g. attention_backend, mem_fraction_static).
         trust_remote_code: the engine's ``trust_remote_code`` (Kimi-K2.5's tokenizer and processor need
             it), unless ``engine_args`` set it.
+        allow_untested_sglang: go on with an SGLang outside the audited releases
+            (:data:`~hs_dataset.capture.sglang.versions.AUDITED_SGLANG`; the start-up self-check still runs).
+
+    Raises:
+        BackendError: SGLang (installed, or the attached server's) is outside the audited releases, the engine
+            could not start, or the start-up self-check found the captured states are not the recorded layers.
     """
 
     name = "sglang"
@@ -100,7 +106,7 @@ class SGLangBackend(RingClient):
                  tp_size: int = 1, sglang_url: str | None = None, ring_dir: str | None = None,
                  ring_bytes: int | None = None, max_inflight: int = 32, chunked_prefill_size: int | None = None,
                  request_timeout: float = 600.0, prefetch: int = 4, engine_args: dict[str, Any] | None = None,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, allow_untested_sglang: bool = False):
         self.info, self.layers = target_of(model, layers, revision)
         self.max_inflight = int(max_inflight)
         self.prefetch = max(1, int(prefetch))
@@ -109,7 +115,8 @@ class SGLangBackend(RingClient):
         self._seq = 0
         self.ring: Ring | None = None
         self._dir_lock = -1
-        self.sglang_version = "attached" if sglang_url else check_sglang_version()
+        self.allow_untested = bool(allow_untested_sglang)
+        self.sglang_version = "attached" if sglang_url else check_sglang_version(self.allow_untested)
         try:
             if sglang_url:
                 if ring_dir is None:
@@ -180,7 +187,10 @@ class SGLangBackend(RingClient):
                                f"{self.info.hidden_size}: attach to a server of the same model")
         self.manifest = m
         if self.sglang_version == "attached":
-            self.sglang_version = str(m.get("sglang_version") or "of unknown version")
+            self.sglang_version = str(m.get("sglang_version") or "unknown")
+            refusal = outside_audited_range(self.sglang_version)
+            if refusal and not self.allow_untested:
+                raise BackendError(f"the attached server's {refusal}")
 
     def _self_check(self, wait_s: float = 60.0) -> str:
         """The start-up self-check (:mod:`hs_dataset.capture.selfcheck`): one warm-up prompt captured through the

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import dataclasses
 import json
 import os
 import signal
@@ -39,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from hs_dataset.processes import describe_exit
-from hs_dataset.capture.sglang.versions import engine_processes, sigquit_option, stop_before_kill, watched_children
+from hs_dataset.capture.sglang.versions import engine_processes, server_arg_names, stop_before_kill, watched_children
 from hs_dataset.capture.transport import ENV, SCHEDULER_ERROR
 from hs_dataset.errors import BackendError
 
-__all__ = ["CHILD_DIED", "OwnEngine", "on_sigquit", "scheduler_error", "start_error"]
+__all__ = ["CHILD_DIED", "OwnEngine", "on_sigquit", "scheduler_error", "sglang_engine_args", "start_error"]
 
 DEBUG_ENV = "HS_DATASET_DEBUG"
 CHILD_DIED = threading.Event()  # set by on_sigquit: SGLang's watchdog saw one of its processes die
@@ -134,6 +133,42 @@ def start_error(e: BaseException, args: dict[str, Any], cause: str | None = None
                         "(--debug shows more)")
 
 
+def sglang_engine_args(model: str, *, tp_size: int = 1, chunked_prefill_size: int | None = None, debug: bool = False,
+                sigquit: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``sglang.Engine`` (``ServerArgs``) arguments of an in-process engine, for the installed SGLang's fields
+    (a dataclass up to 0.5.19, a ``msgspec.Struct`` from 0.5.20: :func:`server_arg_names`).
+
+    Args:
+        model: the model directory. tp_size, chunked_prefill_size: SGLang's (None: its default).
+        debug: SGLang logs at ``info`` (else ``warning``). sigquit: take SGLang's SIGQUIT (:func:`on_sigquit`;
+            only on the main thread). extra: the user's ``engine_args`` (they win).
+
+    Raises:
+        BackendError: ``disable_radix_cache=False``, or an argument this SGLang's ``ServerArgs`` does not have.
+    """
+    import sglang  # optional: pip install 'hs-dataset[sglang]'
+    from sglang.srt.server_args import ServerArgs  # optional: pip install 'hs-dataset[sglang]'
+
+    names = server_arg_names(ServerArgs)
+    args: dict[str, Any] = dict(model_path=model, tp_size=tp_size, skip_tokenizer_init=True,
+                                disable_radix_cache=True, log_level="info" if debug else "warning")
+    if "cuda_graph_backend_prefill" in names:
+        args["cuda_graph_backend_prefill"] = "disabled"  # replayed passes would skip the capture hooks
+    if chunked_prefill_size is not None:
+        args["chunked_prefill_size"] = int(chunked_prefill_size)
+    if sigquit and "custom_sigquit_handler" in names:
+        args["custom_sigquit_handler"] = on_sigquit
+    args.update(extra or {})
+    if not args.get("disable_radix_cache", True):
+        raise BackendError("disable_radix_cache=False: a radix-cache prefix hit skips computing those positions, "
+                           "so their hidden states would not exist; leave the cache disabled")
+    unknown = sorted(set(args) - names)
+    if unknown:
+        raise BackendError(f"backend_options.engine_args: SGLang {sglang.__version__} has no setting "
+                           f"{', '.join(map(repr, unknown))} (see python -m sglang.launch_server --help)")
+    return args
+
+
 class OwnEngine:
     """An in-process ``sglang.Engine`` whose plugin captures ``layers`` into the ring ``ring_token`` in ``ring_dir``.
 
@@ -153,28 +188,16 @@ class OwnEngine:
     def __init__(self, model: str, layers: tuple[int, ...], *, ring_dir: str, ring_token: str, rid_prefix: str,
                  tp_size: int = 1, chunked_prefill_size: int | None = None, engine_args: dict[str, Any] | None = None):
         import sglang as sgl  # optional: pip install 'hs-dataset[sglang]'
-        from sglang.srt.server_args import ServerArgs  # optional: pip install 'hs-dataset[sglang]'
 
         os.environ[ENV] = json.dumps({"layers": list(layers), "dir": ring_dir, "rid_prefix": rid_prefix,
                                       "ring": ring_token})
         allowed = os.environ.get("SGLANG_PLUGINS")
         if allowed and "hs_dataset_capture" not in allowed.split(","):
             os.environ["SGLANG_PLUGINS"] = allowed + ",hs_dataset_capture"
-        debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
-        args: dict[str, Any] = dict(model_path=model, tp_size=tp_size, skip_tokenizer_init=True,
-                                    disable_radix_cache=True, log_level="info" if debug else "warning")
-        if "cuda_graph_backend_prefill" in {f.name for f in dataclasses.fields(ServerArgs)}:
-            args["cuda_graph_backend_prefill"] = "disabled"  # replayed passes would skip the capture hooks
-        if chunked_prefill_size is not None:
-            args["chunked_prefill_size"] = int(chunked_prefill_size)
         CHILD_DIED.clear()
-        option = sigquit_option()
-        if option is not None and threading.current_thread() is threading.main_thread():
-            args[option] = on_sigquit
-        args.update(engine_args or {})
-        if not args.get("disable_radix_cache", True):
-            raise BackendError("disable_radix_cache=False: a radix-cache prefix hit skips computing those positions, "
-                               "so their hidden states would not exist; leave the cache disabled")
+        args = sglang_engine_args(model, tp_size=tp_size, chunked_prefill_size=chunked_prefill_size,
+                                  debug=os.environ.get(DEBUG_ENV, "") not in ("", "0"),
+                                  sigquit=threading.current_thread() is threading.main_thread(), extra=engine_args)
         before = _child_pids()
         try:
             self.engine = sgl.Engine(**args)

@@ -46,7 +46,8 @@ import torch
 from hs_dataset.capture.selfcheck import ReferenceHooks, selfcheck_file
 from hs_dataset.capture.sglang.ring_copy import Completer, S, atomic_json, copy_pass, ring_of
 from hs_dataset.capture.sglang.teacher_ranks import pass_teachers, vocab_shard
-from hs_dataset.capture.sglang.versions import MIN_SGLANG, SUPPORTED_SGLANG, sglang_version_tuple
+from hs_dataset.capture.sglang.versions import (SUPPORTED_SGLANG, chunked_prefill_size, dp_attention_size,
+                                               prefill_cuda_graph, sglang_version_tuple)
 from hs_dataset.capture.transport import ENV, MANIFEST, PLUGIN_ERROR, SCHEDULER_ERROR, parse_rid, request_spans
 from hs_dataset.codec.state_scan import warm_up as scan_warm_up
 from hs_dataset.codec.teacher import warm_up as teacher_warm_up
@@ -64,6 +65,7 @@ PARALLEL_TARGETS = (PARALLEL_STATE + ".get_tensor_model_parallel_rank",
                     PARALLEL_STATE + ".get_tensor_model_parallel_world_size",
                     PARALLEL_STATE + ".get_pipeline_model_parallel_world_size")
 TP_GROUP = PARALLEL_STATE + ".get_tp_group"  # its all_gather, for the teacher of a split output embedding
+PLUGIN_FRAMEWORK = (0, 5, 11)  # entry points + HookRegistry (the audited range is checked by the builder)
 WRAPPER_ATTRS = ("language_model",)  # where ...ForConditionalGeneration wrappers keep their text model
 
 
@@ -103,7 +105,7 @@ def register() -> None:
         import sglang  # optional: pip install 'hs-dataset[sglang]'
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # optional: pip install 'hs-dataset[sglang]'
 
-        if sglang_version_tuple(sglang.__version__) < MIN_SGLANG:
+        if sglang_version_tuple(sglang.__version__) < PLUGIN_FRAMEWORK:
             raise ImportError(f"sglang {sglang.__version__} has no plugin framework (needs {SUPPORTED_SGLANG})")
         for t in HOOK_TARGETS + PARALLEL_TARGETS + (TP_GROUP,):
             _resolve(t)
@@ -160,14 +162,17 @@ def find_text_model(model):
 
 
 def _check_engine(runner) -> None:
+    """Refuse what the capture cannot serve, from the settings SGLang resolved (0.5.19+ keeps them out of the
+    fields: :mod:`hs_dataset.capture.sglang.versions`)."""
     args = getattr(runner, "server_args", None)
-    if getattr(args, "enable_dp_attention", False):
+    dp = dp_attention_size(args)
+    if dp > 1:
         # Each DP rank schedules its own requests, but only TP rank 0 writes: the other ranks'
         # samples would never arrive. Refused rather than left to time out.
-        raise RuntimeError("DP attention (--enable-dp-attention) is not supported by the hs_dataset capture: "
-                           "start the engine without it")
-    prefill = getattr(getattr(getattr(args, "cuda_graph_config", None), "prefill", None), "backend", "disabled")
-    if str(getattr(prefill, "value", prefill)).lower() not in ("disabled", "none"):
+        raise RuntimeError(f"DP attention ({dp} ranks: --attn-dp-size / --enable-dp-attention) is not supported by "
+                           "the hs_dataset capture: start the engine without it")
+    prefill = prefill_cuda_graph(args)
+    if prefill is not None:
         raise RuntimeError(f"prefill CUDA graphs (backend {prefill!r}) replay passes without the hs_dataset capture "
                            "hooks: start SGLang with --cuda-graph-backend-prefill disabled (decode graphs may stay on)")
 
@@ -236,8 +241,7 @@ def _after_load_model(result, runner, *args, **kwargs):
 
 def _chunked_prefill_size(runner) -> int | None:
     """The most positions of one request a prefill pass computes (None: chunked prefill is off)."""
-    size = getattr(getattr(runner, "server_args", None), "chunked_prefill_size", None)
-    return int(size) if isinstance(size, int) and size > 0 else None
+    return chunked_prefill_size(getattr(runner, "server_args", None))
 
 
 def _tp_all_gather(t: torch.Tensor) -> torch.Tensor:
