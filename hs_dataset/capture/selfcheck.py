@@ -15,14 +15,14 @@ Imports nothing but torch: the SGLang plugin loads it in SGLang's scheduler proc
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 __all__ = ["FINAL", "SELF_CHECK_TOKENS", "ReferenceHooks", "SelfCheckError", "check_capture", "layer_output",
-           "selfcheck_file", "warmup_ids"]
+           "residual_sum", "selfcheck_file", "warmup_ids"]
 
 FINAL = "final"
 SELF_CHECK_TOKENS = 24  # one short prompt: a single prefill pass, every position a row
@@ -44,15 +44,18 @@ def warmup_ids(vocab_size: int, n: int = SELF_CHECK_TOKENS) -> list[int]:
     return [5 + (i * 7919 + 13) % span for i in range(n)]
 
 
-def layer_output(output: Any, residual_in_output: bool) -> torch.Tensor:
-    """A decoder layer's output as hs_dataset records it: SGLang's layers return ``(hidden, residual, ...)`` with
-    the residual add deferred to the next fused add-RMSNorm, so the layer's output is their sum
-    (``residual_in_output``); HF layers return the output itself (or it first in a tuple)."""
-    if isinstance(output, (tuple, list)):
-        if residual_in_output and len(output) > 1 and isinstance(output[1], torch.Tensor):
-            return output[0] + output[1]
-        return output[0]
-    return output
+def layer_output(output: Any) -> torch.Tensor:
+    """A decoder layer's output as a forward hook sees it: the tensor, or the first of a tuple (HF layers)."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def residual_sum(output: Any) -> torch.Tensor:
+    """A layer that returns ``(hidden, residual, ...)`` with the residual add deferred to the next fused
+    add-RMSNorm (SGLang up to 0.5.20-0.5.21): the layer's output is their sum (the state SGLang's aux capture
+    appends at the next layer's entry)."""
+    if isinstance(output, (tuple, list)) and len(output) > 1 and isinstance(output[1], torch.Tensor):
+        return output[0] + output[1]
+    return layer_output(output)
 
 
 class ReferenceHooks:
@@ -61,22 +64,23 @@ class ReferenceHooks:
 
     Args:
         layers: the decoder layers, in order. norm: the final norm (None: no ``final``).
-        residual_in_output: the layers return ``(hidden, residual, ...)`` (SGLang), see :func:`layer_output`.
+        read: a layer's output as hs_dataset records it, from what its forward returned (:func:`layer_output`;
+            SGLang's plugin passes its own, :func:`residual_sum` and the residual stream of 0.5.21+).
         rows: ``(start, stop)`` of the rows to keep (a batched pass holds other requests too).
     """
 
-    def __init__(self, layers: Sequence[torch.nn.Module], norm: torch.nn.Module | None, *, residual_in_output: bool,
-                 rows: tuple[int, int] | None = None):
+    def __init__(self, layers: Sequence[torch.nn.Module], norm: torch.nn.Module | None, *,
+                 read: Callable[[Any], torch.Tensor] = layer_output, rows: tuple[int, int] | None = None):
         self.states: dict[str, torch.Tensor] = {}
         self.rows = rows
-        self._residual = residual_in_output
+        self._read = read
         self._handles = [m.register_forward_hook(self._keep(f"layer_{k}")) for k, m in enumerate(layers)]
         if norm is not None:
             self._handles.append(norm.register_forward_hook(self._keep(FINAL)))
 
     def _keep(self, name: str):
         def hook(_module: Any, _inputs: Any, output: Any) -> None:
-            t = layer_output(output, self._residual) if name != FINAL else layer_output(output, False)
+            t = self._read(output) if name != FINAL else layer_output(output)  # a fused norm: (normed, residual)
             t = t.reshape(-1, t.shape[-1])  # HF: [batch, T, H] -> rows; SGLang: already [tokens, H]
             if self.rows is not None:
                 t = t[self.rows[0]:self.rows[1]]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hs_dataset.capture.selfcheck import (FINAL, ReferenceHooks, SelfCheckError, check_capture, layer_output,
-                                          selfcheck_file, warmup_ids)
+                                          residual_sum, selfcheck_file, warmup_ids)
 from hs_dataset.capture.transformers import TransformersBackend
 from hs_dataset.records import TokenizedSample
 
@@ -24,7 +24,7 @@ def _warmup(vocab: int) -> TokenizedSample:
 
 def _capture_with_reference(model: str, layers: tuple[int, ...]):
     be = TransformersBackend(model, layers, device="cpu")
-    hooks = ReferenceHooks(list(be._model.layers), be._model.norm, residual_in_output=False)
+    hooks = ReferenceHooks(list(be._model.layers), be._model.norm)
     try:
         (r,) = list(be.capture([_warmup(be.info.vocab_size)]))
     finally:
@@ -75,13 +75,13 @@ def test_hooks_that_did_not_run_are_an_error_not_a_pass(tiny_model):
 
 
 def test_sglang_layers_output_is_hidden_plus_residual():
-    """SGLang's decoder layers return (hidden, residual[, topk]) with the residual add deferred to the next fused
-    add-RMSNorm: the layer's output is the sum (the state SGLang's aux capture appends at the next layer)."""
+    """SGLang's decoder layers (up to 0.5.20) return (hidden, residual[, topk]) with the residual add deferred to the
+    next fused add-RMSNorm: the layer's output is the sum (the state SGLang's aux capture appends at the next layer)."""
     h, res = torch.randn(6, 4, dtype=torch.bfloat16), torch.randn(6, 4, dtype=torch.bfloat16)
-    assert torch.equal(layer_output((h, res, None), True), h + res)
-    assert torch.equal(layer_output((h, None), True), h)
-    assert torch.equal(layer_output((h, res), False), h)
-    assert torch.equal(layer_output(h, True), h)
+    assert torch.equal(residual_sum((h, res, None)), h + res)
+    assert torch.equal(residual_sum((h, None)), h)
+    assert torch.equal(layer_output((h, res)), h)
+    assert torch.equal(residual_sum(h), h)
 
 
 def test_the_plugins_hooks_keep_the_rows_of_the_self_check_request(tiny_model, tmp_path, monkeypatch):

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from hs_dataset.capture.selfcheck import ReferenceHooks, selfcheck_file
+from hs_dataset.capture.selfcheck import ReferenceHooks, residual_sum, selfcheck_file
 from hs_dataset.capture.sglang.ring_copy import Completer, S, atomic_json, copy_pass, ring_of
 from hs_dataset.capture.sglang.teacher_ranks import pass_teachers, vocab_shard
 from hs_dataset.capture.sglang.versions import (SUPPORTED_SGLANG, chunked_prefill_size, dp_attention_size,
@@ -277,7 +277,22 @@ def _self_check_hooks(fb) -> tuple[str, ReferenceHooks] | None:
         return None
     token, off, n = found
     inner = S.text.model
-    return token, ReferenceHooks(list(inner.layers), inner.norm, residual_in_output=True, rows=(off, off + n))
+    return token, ReferenceHooks(list(inner.layers), getattr(inner, "norm", None), read=_layer_output,
+                                 rows=(off, off + n))
+
+
+def _layer_output(output):
+    """An SGLang decoder layer's output (hs_dataset's layer k), from what its forward returned: ``(hidden,
+    residual, ...)`` up to 0.5.20 (llama: 0.5.21); from 0.5.21 (deepseek_v2) / 0.5.22 (llama) the layer returns
+    its contribution alone and the residual waits in ``forward_batch.residual_stream``, which SGLang's own
+    ``residual_batch.snapshot`` adds (a copy; nothing consumed). TP rank 0 only runs this: with TP > 1 a snapshot
+    of an unreduced output would be a collective on one rank, so the builder does not ask for the check there."""
+    fb = S.batch
+    if isinstance(output, (tuple, list)) or getattr(fb, "residual_stream", None) is None:
+        return residual_sum(output)
+    from sglang.srt.layers.layer_boundary.residual import batch as residual_batch  # SGLang >= 0.5.21
+
+    return residual_batch.snapshot(output, fb)
 
 
 def _save_self_check(token: str, hooks: ReferenceHooks) -> None:
@@ -308,8 +323,9 @@ def _around_forward(original, runner, forward_batch, *args, **kwargs):
 
 def _after_final_norm(_module, _inputs, output):
     if S.batch is not None:
-        # fused add-RMSNorm returns (normed, residual + x): the last decoder layer's output, pre-norm
-        S.prenorm_state = output[1] if isinstance(output, tuple) else _inputs[0]
+        # fused add-RMSNorm returns (normed, residual + x): the last decoder layer's output, pre-norm. A copy: SGLang
+        # lends that residual buffer (0.5.22+: "the capture callback owns retention"), the ring's copy runs later
+        S.prenorm_state = (output[1] if isinstance(output, tuple) else _inputs[0]).clone()
 
 
 def _around_logits(original, lp, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None,
