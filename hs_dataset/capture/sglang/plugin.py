@@ -283,16 +283,16 @@ def _self_check_hooks(fb) -> tuple[str, ReferenceHooks] | None:
 
 def _layer_output(output):
     """An SGLang decoder layer's output (hs_dataset's layer k), from what its forward returned: ``(hidden,
-    residual, ...)`` up to 0.5.20 (llama: 0.5.21); from 0.5.21 (deepseek_v2) / 0.5.22 (llama) the layer returns
-    its contribution alone and the residual waits in ``forward_batch.residual_stream``, which SGLang's own
-    ``residual_batch.snapshot`` adds (a copy; nothing consumed). TP rank 0 only runs this: with TP > 1 a snapshot
-    of an unreduced output would be a collective on one rank, so the builder does not ask for the check there."""
+    residual, ...)`` up to 0.5.20 (llama: 0.5.21); from 0.5.21 (deepseek_v2: ``(hidden, topk_indices)``) / 0.5.22
+    (llama) the layer returns its contribution and the residual waits in ``forward_batch.residual_stream``, which
+    SGLang's own ``residual_batch.snapshot`` adds (a copy; nothing consumed). TP rank 0 only runs this: with TP > 1
+    a snapshot of an unreduced output would be a collective on one rank, so the builder checks at tp_size=1 only."""
     fb = S.batch
-    if isinstance(output, (tuple, list)) or getattr(fb, "residual_stream", None) is None:
+    if getattr(fb, "residual_stream", None) is None:
         return residual_sum(output)
     from sglang.srt.layers.layer_boundary.residual import batch as residual_batch  # SGLang >= 0.5.21
 
-    return residual_batch.snapshot(output, fb)
+    return residual_batch.snapshot(output[0] if isinstance(output, (tuple, list)) else output, fb)
 
 
 def _save_self_check(token: str, hooks: ReferenceHooks) -> None:
