@@ -20,6 +20,11 @@ config's ``eagle_config.eagle_aux_hidden_state_layer_ids``; SpecForge passes its
     expressed. SGLang never captures the last layer's output (``p = L`` is past its loop), so
     ``k = L - 1`` has no SGLang id.
 
+    Per release (read in every release's source: tests/sglang_audit): the rules above hold from 0.5.13 through
+    0.5.23. In 0.5.11-0.5.12 ``deepseek_v2.py`` added 1 to every id (``sglang_ids(..., sglang_version=)``).
+    GPT-OSS (0.5.17+) keeps ids as given when the largest is ``num_hidden_layers``: hs_dataset never emits
+    that id, so its +1 rule holds.
+
 ModelOpt's HF dumper (``compute_hidden_states_hf.py``: ``hidden_states[lid + 1]``) and its
 ``eagle_aux_hidden_state_layer_ids`` training option use ``k`` itself.
 """
@@ -29,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["SGLANG_FIRST_ID_RULE", "drafter_layer_ids", "sglang_ids", "vllm_ids"]
+__all__ = ["SGLANG_FIRST_ID_RULE", "SGLANG_FIRST_ID_RULE_SINCE", "drafter_layer_ids", "sglang_ids", "vllm_ids"]
 
 # Architectures (config.json "architectures"[0]) whose SGLang class applies deepseek_v2.py's
 # "+1 only when the first id is 1" rule (SGLang 0.5.17).
@@ -39,13 +44,20 @@ SGLANG_FIRST_ID_RULE = frozenset({
 })
 
 
+SGLANG_FIRST_ID_RULE_SINCE = (0, 5, 13)  # before: deepseek_v2.py added 1 to every id
+
+
 def vllm_ids(layers: Iterable[int]) -> list[int]:
     """vLLM's ``eagle_aux_hidden_state_layer_ids`` for hs_dataset layers (every model class)."""
     return [int(k) + 1 for k in layers]
 
 
-def sglang_ids(architecture: str, num_layers: int, layers: Iterable[int]) -> tuple[list[int] | None, str]:
+def sglang_ids(architecture: str, num_layers: int, layers: Iterable[int],
+               sglang_version: str | None = None) -> tuple[list[int] | None, str]:
     """SGLang's ``eagle_aux_hidden_state_layer_ids`` for hs_dataset layers, with the rule applied.
+
+    Args:
+        sglang_version: the SGLang that will serve the drafter (None: 0.5.13 or newer).
 
     Returns ``(ids, rule)``; ``ids`` is None when SGLang cannot capture these layers (``rule``
     then says why).
@@ -54,12 +66,19 @@ def sglang_ids(architecture: str, num_layers: int, layers: Iterable[int]) -> tup
     if any(k >= num_layers - 1 for k in ks):
         return None, (f"layer {num_layers - 1} (the last layer's output before the final norm) has no SGLang id: "
                       "SGLang captures only the inputs of decoder layers")
+    old = sglang_version is not None and _version(sglang_version) < SGLANG_FIRST_ID_RULE_SINCE
+    if architecture in SGLANG_FIRST_ID_RULE and old:
+        return ks, f"{architecture}: SGLang {sglang_version} adds 1 to every id (deepseek_v2.py before 0.5.13)"
     if architecture in SGLANG_FIRST_ID_RULE:
         rule = f"{architecture}: SGLang adds 1 to every id only when the first id is 1 (deepseek_v2.py)"
         if ks and ks[0] == 0:
             return None, rule + "; a first layer of 0 cannot be expressed"
         return (ks if ks and ks[0] == 1 else [k + 1 for k in ks]), rule
     return ks, f"{architecture}: SGLang adds 1 to every id (llama.py rule)"
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in v.split(".")[:3])
 
 
 def drafter_layer_ids(architecture: str, num_layers: int, aux: Iterable[int]) -> dict[str, Any]:
