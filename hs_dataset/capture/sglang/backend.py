@@ -209,7 +209,7 @@ class SGLangBackend(RingClient):
         try:
             (r,) = list(self.capture([sample]))
             if not isinstance(r, CaptureResult):
-                raise BackendError(f"the start-up self-check's warm-up prompt was rejected: {r.reason}")
+                raise BackendError(f"SGLang {self.sglang_version} rejected the start-up self-check's warm-up prompt: {r.reason}")
             captured: dict[int | str, torch.Tensor] = {k: r.layer(k).clone() for k in self.layers}
             captured[FINAL] = r.final.clone()
             deadline = time.monotonic() + wait_s
