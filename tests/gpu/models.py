@@ -21,7 +21,7 @@ except Exception:  # pragma: no cover - CPU machines
 GPU_MARKS = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available() or not HAVE_SGLANG,
-                       reason="needs a CUDA GPU and SGLang >= 0.5.11 (run on the device: see README)"),
+                       reason="needs a CUDA GPU and SGLang 0.5.14 - 0.5.23 (run on the device: see README)"),
 ]
 
 
