@@ -90,8 +90,8 @@ class SGLangBackend(RingClient):
         engine_args: more ``sglang.Engine`` arguments (e.g. attention_backend, mem_fraction_static).
         trust_remote_code: the engine's ``trust_remote_code`` (Kimi-K2.5's tokenizer and processor need
             it), unless ``engine_args`` set it.
-        allow_untested_sglang: go on with an SGLang outside the audited releases
-            (:data:`~hs_dataset.capture.sglang.versions.AUDITED_SGLANG`; the start-up self-check still runs).
+        allow_untested_sglang: go on with an SGLang outside the audited releases (docs/sglang-releases.md); the
+            start-up self-check still runs.
 
     Raises:
         BackendError: SGLang (installed, or the attached server's) is outside the audited releases, the engine
