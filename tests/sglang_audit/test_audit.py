@@ -14,7 +14,6 @@ import copy
 import json
 import os
 import shutil
-import time
 import tomllib
 from pathlib import Path
 
@@ -31,9 +30,7 @@ SRC = Path(os.environ.get("HS_SGLANG_SRC", CACHE / "src"))
 
 @pytest.mark.parametrize("version", SUPPORTED)
 def test_every_touchpoint_of_a_supported_release_is_known(version):
-    t = time.perf_counter()
     problems = audit(load_release(version))
-    assert time.perf_counter() - t < 1.0
     assert problems == [], "\n".join(problems)
 
 
