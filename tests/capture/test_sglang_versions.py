@@ -33,8 +33,8 @@ def run_against(version: str, model: str) -> dict:
     r = subprocess.run([sys.executable, str(Path(__file__).with_name("sglang_server_args_run.py")), model],
                        env=env, capture_output=True, text=True, timeout=300)
     if r.returncode and "No module named 'torchvision'" in r.stderr:
-        pytest.skip(f"SGLang {version}'s package imports torchvision, whose PyPI wheel needs a CUDA torch (only "
-                    "0.5.22+ import on a CPU): its ServerArgs runs on the GPU device (tests/gpu)")
+        pytest.skip(f"SGLang {version}'s package imports torchvision, whose PyPI wheel needs a CUDA torch (0.5.22 and "
+                    "0.5.23 import without it): its ServerArgs runs on the GPU device (tests/gpu)")
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
