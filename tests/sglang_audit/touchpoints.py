@@ -112,7 +112,8 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
                r"capture_aux_hidden_states|def set_eagle3", "grep", (r"^class KimiK25ForConditionalGeneration\b",),
                "find_text_model: the text model under .language_model"),
     # ServerArgs: its kind, the fields we pass or read, SGLang's resolution
-    Touchpoint("ServerArgs.kind", ("server_args.py",), r"^ServerArgs = |^class ServerArgs\b", "statement",
+    Touchpoint("ServerArgs.kind", ("server_args.py",), r"^ServerArgs = |^class ServerArgs\b|^@dataclasses\.dataclass",
+               "grep",
                uses="versions.server_arg_names: dataclass or msgspec.Struct"),
     *_fields("model_path", "tp_size", "skip_tokenizer_init", "disable_radix_cache", "log_level",
              "cuda_graph_backend_prefill", "chunked_prefill_size", "custom_sigquit_handler", "trust_remote_code",
