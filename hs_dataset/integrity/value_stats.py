@@ -227,6 +227,8 @@ def column_stats(row: dict[str, Any], column: str) -> ColumnStats:
     """The statistics of one stored state of an encoded row (:func:`hs_dataset.codec.encode.encode_row`'s
     values, or a row read back): bf16 bits (uint16 ``[T, H]``) or fp8 codes (uint8) with ``<column>_scale``."""
     bits = np.asarray(row[column])
+    if not bits.flags.writeable:  # a state mapped from a shard (verify --stats): torch has no read-only tensors
+        bits = bits.copy()  # (torch.from_numpy warns); one copy beside the counting's several passes over it
     if bits.dtype == np.uint8:
         return _fp8_stats(bits, np.asarray(row[scale_column(column)], dtype=np.float32))
     return _bf16_stats(bits.view(np.uint16))
