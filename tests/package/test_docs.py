@@ -122,3 +122,18 @@ def test_the_guides_blocks_run_as_they_stand(block, demo, tmp_path):
     r = subprocess.run(cmd, cwd=demo.parent, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, (page, r.stdout[-2000:], r.stderr[-3000:])
     assert "Traceback" not in r.stderr and "Warning" not in r.stderr, r.stderr[-3000:]
+
+
+def test_the_readmes_demo_commands_run_as_they_stand(tmp_path):
+    """The README's first command after its install step (plan, build, inspect of the demo), in a fresh folder."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```bash\n(python3 -m venv .*?)```", readme, re.S).group(1)
+    first = block.split("\n\n")[0].replace("\\\n", " ")
+    demo = first[first.index("hs-dataset plan"):]  # the install step is .ci/run's
+    assert demo.count("hs-dataset ") == 3 and "demo_out" in demo
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               HS_DATASET_CACHE=str(tmp_path / "cache"), HF_DATASETS_CACHE=str(tmp_path / "hf-cache"))
+    (tmp_path / "builder_scripts").symlink_to(ROOT / "builder_scripts")  # the README's commands run in a clone
+    r = subprocess.run(["bash", "-e", "-c", demo], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    assert "64 samples written" in r.stdout and (tmp_path / "demo_out" / "hs_dataset.json").is_file()
