@@ -139,6 +139,40 @@ def reversions(d: dict[str, Any]) -> Iterator[Row]:
             yield f"{coding}: v2 (1% of samples edited), shard bytes shared with v1", shared, "share", shared
 
 
+def file_writes(d: dict[str, Any]) -> Iterator[Row]:
+    methods = d.get("methods") or {}
+    base = (methods.get("write") or {}).get("GBps")
+    names = {"write": "one thread, one file (the baseline)", "pwrite": "threads writing pieces of one file",
+             "mmap": "threads copying into one mapped file", "files": "files written side by side"}
+    for key, m in methods.items():
+        kind, _, n = key.partition("-")
+        name = names.get(kind, kind) + (f", {n}" if n else "")
+        yield name, m["GBps"], "GB/s", None if key == "write" else _ratio(m["GBps"], base)
+
+
+def fp8_decode(d: dict[str, Any]) -> Iterator[Row]:
+    runs = d.get("runs") if isinstance(d.get("runs"), dict) else {"": d}
+    for key, r in runs.items():
+        state = r.get("state") if isinstance(r, dict) else None
+        if not state or "cast_gb_s" not in state:
+            continue
+        where = f"{r.get('threads', '?')} threads, {r.get('busy', 0)} busy" + (
+            f", blocks of {r['block']:,}" if r.get("block") else "")
+        yield f"{where}: the cast (the baseline)", state["cast_gb_s"], "GB/s", None
+        yield f"{where}: the table", state["bits_gb_s"], "GB/s", _ratio(state["bits_gb_s"], state["cast_gb_s"])
+
+
+def fp8_reads(d: dict[str, Any]) -> Iterator[Row]:
+    ways = ((d.get("result") or {}).get("ways")) or {}
+    base = (ways.get("decode") or {}).get("tok_s_median")
+    names = {"decode": "decoded on the host (the baseline)", "codes": "fp8 codes, fp8='codes'",
+             "codes+decode": "codes, then decode_on(batch, 'cpu')"}
+    for key, w in ways.items():
+        if w.get("tok_s_median"):
+            yield names.get(key, key), w["tok_s_median"], "tok/s", None if key == "decode" else _ratio(
+                w["tok_s_median"], base)
+
+
 TABLES = [
     Table("Capture and build at Kimi-K2.5's width",
           "The SGLang engine with the capture plugin against the same engine's plain prefill of the same token ids, "
@@ -159,6 +193,18 @@ TABLES = [
           "Kimi-shaped samples (2.82 GB, 3 shards) read cold into `DrafterCollator` batches, each reader's run paired "
           "with a plain `readinto` of the same files (the geometric mean or median of the pairs' ratios).",
           "*-reads*.json", "python benchmarks/reads.py", reads),
+    Table("Writing shard files",
+          "One process writing Kimi-width rows (117 MB each, taken in turn from a shared mapping as a build's come "
+          "from the ring) into /dev/shm, by method, against one thread writing one file.",
+          "*-file-writes*.json", "python benchmarks/file_writes.py --dir /dev/shm --threads 2,4,8", file_writes),
+    Table("fp8 decode on the CPU",
+          "A Kimi-width fp8 state (2,048 x 7,168) decoded to bf16 by the table of the 256 codes' values, against "
+          "PyTorch's cast, alone and beside processes keeping a core busy each.",
+          "*-fp8-decode*.json", "python benchmarks/fp8_decode.py", fp8_decode),
+    Table("fp8 reads into training batches",
+          "An fp8 build read into `DrafterCollator` batches: the stored codes (half the bytes of bf16), and the codes "
+          "decoded after the collation, against batches decoded on the host.",
+          "*-fp8-reads*.json", "python benchmarks/fp8_reads.py --reps 4", fp8_reads),
     Table("Tokenizing",
           "The tokenize stage (parse, chat template, tokenizer, loss mask) on 2,000 conversations with the "
           "Kimi-packaged tokenizer, serial and in worker processes, against the serial path before the workers.",
@@ -192,8 +238,8 @@ def machine(name: str) -> str:
 
 def command(d: dict[str, Any], default: str) -> str:
     c = d.get("command") or d.get("command_cold") or default
-    c = re.sub(r"\s*\(.*$", "", str(c)).replace("python3 ", "python ")  # the command, not its notes
-    return re.sub(r"\s--json\s+\S+|\s--dir\s+\S+", "", c)
+    c = re.sub(r"\s+\([A-Za-z].*$", "", str(c)).replace("python3 ", "python ")  # the command, not its notes
+    return re.sub(r"\s--json\s+\S+", "", re.sub(r"^timeout \d+ ", "", c))  # where a run put its JSON, its time limit
 
 
 def number(x: float, unit: str) -> str:
