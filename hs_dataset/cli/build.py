@@ -21,7 +21,7 @@ from hs_dataset.layout import DUPLICATE_STAGE, META_FILE, REJECTS_FILE
 __all__ = ["DEFAULT_MAX_REJECT_RATE", "add_reject_rate_arg", "cmd_build", "print_duplicates", "register"]
 
 # More than 1 in 10 rows rejected is nearly always a mistake (the source's schema, the chat template,
-# max_length with truncation=reject), not data worth publishing; README "Resume, rejects, faults" says why.
+# max_length with truncation=reject), not data worth publishing; docs/building/resume.md says why.
 DEFAULT_MAX_REJECT_RATE = 0.10
 
 
