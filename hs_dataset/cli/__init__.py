@@ -33,7 +33,7 @@ from hs_dataset.cli.hub import dash_version
 from hs_dataset.cli.hub import register as register_hub
 from hs_dataset.cli.inspect import register as register_inspect
 from hs_dataset.cli.interop import register as register_interop
-from hs_dataset.cli.options import common_parser, load_preset, parse_value
+from hs_dataset.cli.options import CliParser, common_parser, load_preset, parse_value, unknown_arguments
 from hs_dataset.cli.plan import register as register_plan
 from hs_dataset.cli.scale import register as register_scale
 from hs_dataset.cli.verify import register as register_verify
@@ -52,8 +52,8 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cmd | head` gives for any other c
 
 def make_parser() -> argparse.ArgumentParser:
     """The parser of every command (each module registers its own)."""
-    ap = argparse.ArgumentParser(prog="hs-dataset", description=(__doc__ or "").replace("``", ""),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CliParser(prog="hs-dataset", description=(__doc__ or "").replace("``", ""),
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"hs-dataset {__version__}")
     ap.add_argument("--debug", action="store_true", help="show the traceback of an error (also: HS_DATASET_DEBUG=1)")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -105,7 +105,10 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     previous = signal.signal(signal.SIGTERM, terminated) if main_thread else None
     previous_int = signal.signal(signal.SIGINT, terminated) if main_thread else None
     try:
-        a = make_parser().parse_args(dash_version(sys.argv[1:] if argv is None else list(argv)))
+        parser = make_parser()
+        a, extras = parser.parse_known_args(dash_version(sys.argv[1:] if argv is None else list(argv)))
+        if extras:  # a misspelt flag: one line naming the closest one, as the other errors
+            raise unknown_arguments(parser, a.cmd, extras)
         status = a.fn(a)
         sys.stdout.flush()  # here, where a closed pipe (`inspect | head`) is caught, not at exit
         return status

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from hs_dataset.write.rejects import read_rejects
-from hs_dataset.cli.hub import push
+from hs_dataset.cli.hub import push, quiet_hub
 from hs_dataset.cli.options import ConfigHelp, add_config_args, add_progress_arg, command_line, make_config
 from hs_dataset.cli.plan import duration, show_plan
 from hs_dataset.cli.render import duplicates_line, print_rejects, size
@@ -21,7 +21,7 @@ from hs_dataset.layout import DUPLICATE_STAGE, META_FILE, REJECTS_FILE
 __all__ = ["DEFAULT_MAX_REJECT_RATE", "add_reject_rate_arg", "cmd_build", "print_duplicates", "register"]
 
 # More than 1 in 10 rows rejected is nearly always a mistake (the source's schema, the chat template,
-# max_length with truncation=reject), not data worth publishing; README "Resume, rejects, faults" says why.
+# max_length with truncation=reject), not data worth publishing; docs/building/resume.md says why.
 DEFAULT_MAX_REJECT_RATE = 0.10
 
 
@@ -108,6 +108,7 @@ def cmd_build(a: argparse.Namespace) -> int:
                 f"{min(1.0, round(bad / c.samples_in + 0.005, 2)):g}")
         print(f"every reject with its reason: {Path(a.output) / REJECTS_FILE}")
     if a.push:
+        quiet_hub(a.no_progress)  # huggingface_hub's upload bar follows --no-progress, as push's does
         push(a.output, a.push, a.version, force=a.force)
     return 0
 

@@ -14,15 +14,15 @@ import shlex
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hs_dataset.capture.options import backend_options, check_backend_options
 from hs_dataset.config import HiddenStatesConfig, coerce_field, config_fields, describe_type, did_you_mean, field_types
 from hs_dataset.errors import ConfigError, MissingPathError
 from hs_dataset.layout import BACKENDS
 
-__all__ = ["add_config_args", "add_progress_arg", "command_line", "common_parser", "config_help", "layers_arg",
-           "load_preset", "make_config", "parse_value"]
+__all__ = ["CliParser", "add_config_args", "add_progress_arg", "command_line", "common_parser", "config_help",
+           "layers_arg", "load_preset", "make_config", "parse_value", "unknown_arguments"]
 
 # Fields with their own flag (``--max-samples N`` = ``--set max_samples=N``), in this order.
 FLAG_FIELDS = ("model", "source", "layers", "max_samples", "backend", "storage_dtype", "on_nonfinite", "duplicates")
@@ -150,6 +150,22 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
 def add_progress_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress display (a log file gets plain lines, a terminal a bar, by default)")
+
+
+class CliParser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line and a pointer to ``--help``, like the commands' other errors
+    (argparse's own print the whole usage first: 14 lines for ``build``, the error under them)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def unknown_arguments(parser: argparse.ArgumentParser, cmd: str, extras: list[str]) -> ConfigError:
+    """The error for words ``cmd`` does not take, with the closest of its flags for a misspelt one."""
+    flags = [o for sub in parser._actions if isinstance(sub, argparse._SubParsersAction)  # noqa: SLF001
+             for a in sub.choices[cmd]._actions for o in a.option_strings if o.startswith("--")]  # noqa: SLF001
+    hints = "".join(did_you_mean(w.split("=")[0], flags) for w in extras if w.startswith("--"))
+    return ConfigError(f"unrecognized arguments: {' '.join(extras)}{hints} (see hs-dataset {cmd} --help)")
 
 
 def common_parser() -> argparse.ArgumentParser:

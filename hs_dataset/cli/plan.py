@@ -103,7 +103,7 @@ def show_plan(config, a: argparse.Namespace) -> int:
             seconds *= p.scale  # a sample's lengths stand for the whole source
         longer = f" (by sample length: {'; '.join(by_length)})" if len(by_length) > 1 else ""
         print(f"time:     {duration(seconds)} of prefill at {what}{longer}. At that rate the build writes "
-              f"{size(rate * bpt)}/s to disk: a slower disk bounds it (README: GPU tests and benchmarks)")
+              f"{size(rate * bpt)}/s to disk: a slower disk bounds it (docs/benchmarks.md)")
     else:
         print(f"time:     {what}")
     for note in p.notes:

@@ -21,7 +21,7 @@ __all__ = ["add_build_args", "cmd_merge", "register", "scaleout_build", "wants_s
 
 def add_build_args(parser: argparse.ArgumentParser) -> None:
     """``--workers``, ``--worker-index`` and ``--ray`` for ``hs-dataset build``."""
-    g = parser.add_argument_group("many workers (README: More GPUs, more nodes)")
+    g = parser.add_argument_group("many workers (docs/scale.md)")
     g.add_argument("--workers", metavar="N|auto",
                    help="split the build into N worker shares by part (part p -> share p %% N), one per worker, merged into "
                         "one build at the end; auto: N from the launcher (SLURM_ARRAY_TASK_COUNT, torchrun's WORLD_SIZE)")

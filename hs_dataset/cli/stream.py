@@ -32,7 +32,7 @@ def parse_bytes(text: str) -> int:
 
 def add_stream_args(parser: argparse.ArgumentParser) -> None:
     """``--stream``, ``--stream-bytes`` and ``--stream-stall`` for ``hs-dataset build``."""
-    g = parser.add_argument_group("train while it builds (README: Train while it builds)")
+    g = parser.add_argument_group("train while it builds (docs/streaming.md)")
     g.add_argument("--stream", nargs="?", const="local", metavar="ray:NAME",
                    help="hand every row as it is generated to the trainers reading this build "
                         "(hs_dataset.open_stream(OUTPUT)) on this node; ray:NAME: also to trainers on other nodes of "

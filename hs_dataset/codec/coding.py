@@ -10,8 +10,8 @@ compressed with zstd (level :data:`ZSTD_LEVEL`) by Arrow itself, which every Arr
 ``file_format=parquet`` (:func:`arrow_to_parquet`), the same states: bf16 to 0.684, fp8 to 0.831 (an fp8
 code is one byte: no planes to split), but at 57 and 43 MB/s per core, read back at 22 and 74 MB/s:
 ``datasets`` stores a ``[T, H]`` state as a list of lists, and Parquet encodes a repetition and a
-definition level for every one of its values. On the H200 a top-64-teacher fp8 build coded this way
-ran at 2,134 tok/s (0.018x of the engine). Parquet is for tools that want Parquet; zstd Arrow is the
+definition level for every one of its values, so a build coded this way runs far below the engine
+(``benchmarks/compact.py``). Parquet is for tools that want Parquet; zstd Arrow is the
 compact format that keeps up.
 
 Parquet's byte planes:

@@ -180,8 +180,8 @@ def encode_row(result: CaptureResult, storage_dtype: StorageDtype = "bfloat16", 
     if teacher:
         if result.teacher is None or result.teacher[0].shape[0] != n:
             raise SampleError(TEACHER_IDS_COLUMN, "the backend gave no teacher top-k for these positions")
-        # NumPy: a boolean index of the tensors here took 54% of the build thread's stack samples at Kimi width on
-        # the H200 (fp8 + teacher into /dev/shm, 2026-12-04)
+        # NumPy: a boolean index of the tensors here was most of the build thread's time at Kimi width with a
+        # teacher (benchmarks/compact.py --profile)
         masked = np.asarray(row["loss_mask"]).astype(bool)
         ids, logprobs, lse = (np.compress(masked, t.numpy(), axis=0) for t in result.teacher)
         if not (np.isfinite(lse).all() and np.isfinite(logprobs).all()):

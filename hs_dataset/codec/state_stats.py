@@ -73,9 +73,9 @@ def span_stats(per_token: "np.ndarray | torch.Tensor", spans: list[tuple[int, in
     NumPy, two reductions for all spans at once: the plugin runs it on its completion thread in SGLang's
     scheduler process, where every call that lets go of the GIL waits to take it back from the scheduler's
     thread (up to the 5 ms switch interval while that thread runs Python: between builds' passes it polls
-    for requests). Done as a dozen PyTorch calls per request, that wait held a pass's completion for ~1 s
-    once the engine went idle (1,080 and 1,093 ms in two traced captures on the H200 at Kimi width,
-    2026-12-04): the last rows of a build arrived that much late."""
+    for requests). Done as a dozen PyTorch calls per request, that wait held a pass's completion for about a
+    second once the engine went idle, and the last rows of a build arrived that much late (``benchmarks/compact.py``'s
+    capture rows)."""
     pt = np.asarray(per_token, dtype=np.float64)
     S, T, F = pt.shape
     out = np.zeros((S, len(spans), F), dtype=np.float64)

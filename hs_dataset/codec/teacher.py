@@ -32,19 +32,17 @@ _kernel_error: str | None = None  # why the Triton kernels are not used in this 
 
 def chunk_rows(vocab: int, itemsize: int = 2) -> int:
     """Positions per matrix product: logits of about :data:`TEACHER_CHUNK_BYTES`, at least 1,024 positions
-    (4,194 at the stand-in's vocabulary of 32,000; 1,024 at Kimi's 163,840: 0.34 GB of bf16 logits). Measured on the
-    H200 (``benchmarks/teacher_cost.py``, 2026-12-04): 1,024 to 16,384 positions a chunk moved the teacher's time by
-    less than the runs' spread, at either vocabulary; the chunk bounds the logits' memory."""
+    (4,194 at the stand-in's vocabulary of 32,000; 1,024 at Kimi's 163,840: 0.34 GB of bf16 logits). From 1,024 to
+    16,384 positions a chunk moves the teacher's time by less than the runs' spread (``benchmarks/teacher_cost.py``),
+    so the chunk is chosen to bound the logits' memory."""
     return max(1024, TEACHER_CHUNK_BYTES // (itemsize * max(vocab, 1)))
 
 
 def segment_for(vocab: int, k: int) -> int:
     """Logits a segment for the top-k kernel: the power of two at or above ``sqrt(vocab / k)`` (16 to 2,048), which
     keeps the two things it sorts about the same size (the segments' maxima, ``vocab / segment``, and the best
-    segments' logits, ``k * segment``): 32 at the stand-in's vocabulary of 32,000 and k = 64, 64 at Kimi's 163,840.
-    Measured on the H200 (``benchmarks/teacher_cost.py``, 2026-12-04): at 32,000 the kernel took 0.38 ms a
-    4,194-position chunk with segments of 32 against 0.56 with 64 and 0.98 with 128; at 163,840, 0.29 ms a
-    1,024-position chunk with 64 against 0.47 with 32 and 0.45 with 128."""
+    segments' logits, ``k * segment``): 32 at the stand-in's vocabulary of 32,000 and k = 64, 64 at Kimi's 163,840,
+    the fastest of the sizes tried at each (``benchmarks/teacher_cost.py``)."""
     return min(2048, max(16, 1 << max(0, math.ceil(math.sqrt(vocab / max(k, 1))) - 1).bit_length()))
 
 

@@ -5,9 +5,9 @@ Every shard entry (in its part record and in ``hs_dataset.json`` under ``shards`
     {"name": "train-00003-000.arrow", "bytes": 2147483648, "rows": 18,
      "xxh3_128": "<hex of the whole file>", "edges_xxh3_128": "<hex of its first and last MiB>"}
 
-The hash is xxh3-128 (``xxhash``, a dependency of ``datasets``): 8-11 GB/s on one core, against
-1.5 GB/s for sha256 and 0.8 GB/s for blake2b (measured here: 11-15 ms for a 117 MB Kimi row, read
-back from the page cache included; ``benchmarks/checksum.py``). It guards against faults (bit
+The hash is xxh3-128 (``xxhash``, a dependency of ``datasets``): several times faster on one core than
+sha256 or blake2b, a few percent of writing a row where they cost a third or more (``benchmarks/checksum.py``).
+It guards against faults (bit
 flips, zeroed blocks, truncation, a stale copy), not against an attacker; the Hub's own LFS sha256
 covers transfers.
 

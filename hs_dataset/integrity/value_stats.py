@@ -3,11 +3,10 @@
 A build counts states on worker threads beside busy Python threads (its own, the ring reader), so
 what costs is not the arithmetic but each return from a call that released the GIL: the thread waits
 up to the switch interval to get it back. The numpy kernels before these worked in chunks of cache
-size, ~110 such calls per Kimi-width state; on the H200's host 8 counting threads beside one busy
-thread moved 1.37 GB/s together, about one thread's worth (``benchmarks/stats_overhead.py
---threads``). These kernels are torch's, a handful of calls per :data:`STEP_VALUES` values (a whole
-2,048-token Kimi-width state), each one parallel inside torch: a state is decoded into a reused
-float32 buffer (bf16 bits by a copy; fp8 e4m3 codes sign-extended to 32 bits, shifted left by 20 and
+size, ~110 such calls per Kimi-width state, and 8 counting threads beside one busy thread moved about one
+thread's worth (``benchmarks/stats_overhead.py --threads``). These kernels are torch's, a handful of calls
+per :data:`STEP_VALUES` values (a whole 2,048-token Kimi-width state), each one parallel inside torch: a state is decoded
+into a reused float32 buffer (bf16 bits by a copy; fp8 e4m3 codes sign-extended to 32 bits, shifted left by 20 and
 masked, which is a float32 with the code's sign, exponent and mantissa fields, the fp8 value times
 2^-120 for normal and subnormal codes alike, then multiplied by 2^120), summed and its norm taken in
 rows of at most 8,192 values, its extremes found. Every row is reduced by one thread (torch splits a
@@ -227,6 +226,8 @@ def column_stats(row: dict[str, Any], column: str) -> ColumnStats:
     """The statistics of one stored state of an encoded row (:func:`hs_dataset.codec.encode.encode_row`'s
     values, or a row read back): bf16 bits (uint16 ``[T, H]``) or fp8 codes (uint8) with ``<column>_scale``."""
     bits = np.asarray(row[column])
+    if not bits.flags.writeable:  # a state mapped from a shard (verify --stats): torch has no read-only tensors
+        bits = bits.copy()  # (torch.from_numpy warns); one copy beside the counting's several passes over it
     if bits.dtype == np.uint8:
         return _fp8_stats(bits, np.asarray(row[scale_column(column)], dtype=np.float32))
     return _bf16_stats(bits.view(np.uint16))

@@ -172,6 +172,5 @@ def test_modelopt_export_says_its_loss_mask_needs_answer_only_loss(interop_ds, t
     assert "answer_only_loss=True" in (export_modelopt.__doc__ or "")
     assert cli(["export", str(interop_ds), "--to", "modelopt", str(tmp_path / "mo")]) == 0
     assert "loss_mask only with answer_only_loss=True" in capsys.readouterr().out
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    interop = readme[readme.index("## Interop"):readme.index("## Stored format")]
+    interop = (ROOT / "docs" / "interop.md").read_text(encoding="utf-8")
     assert "`loss_mask` only with `answer_only_loss=True`" in interop

@@ -1,6 +1,6 @@
 """The house: no import cycle in the package (imports inside functions counted), each stage folder
 importing only the stages before it (two named exceptions), a function-local import only to defer a
-heavy or optional dependency (with its reason in a comment), modules under ~350 lines, and the README's
+heavy or optional dependency (with its reason in a comment), modules under ~350 lines, and docs/layout.md's
 Layout section naming every module."""
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ def test_no_import_cycle():
     assert not any(m in graph[m] for m in graph)
 
 
-# The stage folders in pipeline order (README, Layout); the root modules and demo/ sit below them all.
+# The stage folders in pipeline order (docs/layout.md); the root modules and demo/ sit below them all.
 STAGES = ("prepare", "capture", "codec", "write", "integrity", "hub", "read", "stream", "scale", "interop", "cli")
-# A stage that uses a later stage's modules, with the reason (the README's Layout says the same).
+# A stage that uses a later stage's modules, with the reason (docs/layout.md says the same).
 LATER_STAGES_USED = {
     ("capture", "codec"): "the SGLang plugin and the reference backend encode on their device (fp8, the teacher)",
     ("write", "integrity"): "the writer computes the checksums, statistics and damage marks that verify checks",
@@ -112,10 +112,9 @@ def test_modules_are_small():
 
 
 def layout_tree() -> set[str]:
-    """The modules the README's Layout tree names, as paths under ``hs_dataset/`` (indentation: 2 spaces a level)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = text[text.index("## Layout"):]
-    block = block[block.index("```text") + len("```text"):]
+    """The modules docs/layout.md's tree names, as paths under ``hs_dataset/`` (indentation: 2 spaces a level)."""
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    block = text[text.index("```text") + len("```text"):]
     block = block[:block.index("```")]
     stack: list[tuple[int, str]] = []
     named = set()
@@ -133,12 +132,12 @@ def layout_tree() -> set[str]:
     return named
 
 
-def test_the_readme_layout_is_the_tree():
+def test_the_documented_layout_is_the_tree():
     files = {str(p.relative_to(PACKAGE)) for p in modules().values()}
     files = {f for f in files if not f.endswith("__init__.py") or f == "__init__.py" or f.startswith("cli/")}
     named = layout_tree()
-    assert not files - named, f"README's Layout does not name {sorted(files - named)}"
-    assert not named - files, f"README's Layout names modules that do not exist: {sorted(named - files)}"
+    assert not files - named, f"docs/layout.md does not name {sorted(files - named)}"
+    assert not named - files, f"docs/layout.md names modules that do not exist: {sorted(named - files)}"
 
 
 def test_the_public_names_are_typed_and_documented():

@@ -46,7 +46,7 @@ class AttachedServer:
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise BackendError(f"cannot reach the SGLang server at {self.url} ({reason}): start it with the plugin's "
-                               "settings (README: attach mode), or fix backend_options.sglang_url") from None
+                               "settings (docs/sglang.md, attach mode), or fix backend_options.sglang_url") from None
 
     def not_ready(self, ring_dir: str) -> BackendError:
         """The error for a server that answers but whose plugin never wrote its manifest into ``ring_dir``."""

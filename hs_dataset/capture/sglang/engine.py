@@ -22,7 +22,7 @@ Faults:
 
 SGLang logs at ``warning`` level (``--debug`` / ``HS_DATASET_DEBUG=1``: ``info``). Its scheduler's
 weight-loading bar ("Multi-thread loading shards") stays: SGLang passes tqdm ``disable=`` explicitly, so
-``TQDM_DISABLE`` cannot reach it (tried on the device, 2026-12-03), and silencing it would mean patching
+``TQDM_DISABLE`` cannot reach it, and silencing it would mean patching
 tqdm inside SGLang's processes.
 """
 

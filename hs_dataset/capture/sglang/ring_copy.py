@@ -256,8 +256,8 @@ class Completer:
     completion holds it once, at the copies' event, and then runs Python and NumPy only (two reductions for
     all of the pass's requests, :func:`~hs_dataset.codec.state_stats.span_stats`); the file writes and lock
     checks of the housekeeping are on their own thread. (With PyTorch calls here, and the housekeeping on this
-    thread, the last pass of a capture completed ~1 s after its copies: 1,080 and 1,093 ms in two traced captures at
-    Kimi width, H200, 2026-12-04.)"""
+    thread, the last pass of a capture completed about a second after its copies: ``benchmarks/compact.py``'s
+    capture rows.)"""
 
     def __init__(self, directory: str):
         self.dir = directory
