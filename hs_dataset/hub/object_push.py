@@ -131,6 +131,7 @@ def _remote_bytes(store: ObjectStore, version: str, rel: str) -> bytes | None:
 
 def _remote_sizes(store: ObjectStore, version: str) -> dict[str, int]:
     base = store.version_path(version)
+    store.fs.invalidate_cache()  # listed before this push wrote
     try:
         found = store.fs.find(base, detail=True)
     except FileNotFoundError:

@@ -88,6 +88,7 @@ class ObjectStore:
 
     def versions(self) -> list[str]:
         """The versions with a pointer, oldest first (:func:`~hs_dataset.hub.versions.version_key`)."""
+        self.fs.invalidate_cache()  # another process may have pushed since this filesystem listed
         try:
             names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.path(REFS_DIR), detail=False)]
         except FileNotFoundError:
@@ -207,6 +208,7 @@ def download_object_version(url: str, *, revision: str | None = None, local_dir:
 def _check_store_listing(store: ObjectStore, version: str, meta: dict[str, Any]) -> tuple[list[Problem], int]:
     where = f"{store.url}@{version}"
     base = store.version_path(version, DATA_DIR)
+    store.fs.invalidate_cache()
     try:
         listing = store.fs.find(base, detail=True)
     except FileNotFoundError:

@@ -122,6 +122,7 @@ def open_remote(source: str, *, revision: str | None = None, token: str | None =
 
 
 def _store_listing(fs: Any, base: str) -> dict[str, int]:
+    fs.invalidate_cache()
     try:
         found = fs.find(base, detail=True)
     except FileNotFoundError:

@@ -56,6 +56,8 @@ class ShardCache:
         self.fetched_bytes = 0
         self.peak_bytes = 0
         for p in sorted(self.folder.iterdir(), key=lambda p: p.stat().st_mtime):
+            if p.is_dir():
+                continue  # a fetch's staging folder (the Hub client's records)
             if p.name.startswith("."):
                 p.unlink(missing_ok=True)  # a partial copy of a killed run
             elif self._sizes.get(p.name) == p.stat().st_size:
