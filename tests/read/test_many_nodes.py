@@ -168,7 +168,8 @@ def flip_in_s3(url: str, rel: str) -> None:
     fs.pipe_file(path, bytes(data))
 
 
-def test_a_flipped_bit_in_a_stored_shard_is_refused_by_name_on_every_path(s3, build, tmp_path, capsys):
+@pytest.mark.usefixtures("s3")
+def test_a_flipped_bit_in_a_stored_shard_is_refused_by_name_on_every_path(build, tmp_path, capsys):
     url = f"{URL}-flip"
     push_objects(build, url, "v1.0")
     name = sorted((build / "data").iterdir())[5].name
@@ -202,7 +203,8 @@ def test_a_hub_shard_damaged_on_the_way_is_refused_by_name(hub, build, tmp_path)
                              local_rank=0, local_world_size=1))
 
 
-def test_a_store_version_is_immutable_and_reads_as_on_the_hub(s3, build, tmp_path, capsys):
+@pytest.mark.usefixtures("s3")
+def test_a_store_version_is_immutable_and_reads_as_on_the_hub(build, tmp_path, capsys):
     url = f"{URL}-versions"
     first = push_objects(build, url, "v1.0")
     assert not first.already_there and "data/" + sorted((build / "data").iterdir())[0].name in first.uploaded
@@ -221,7 +223,8 @@ def test_a_store_version_is_immutable_and_reads_as_on_the_hub(s3, build, tmp_pat
     assert "v1.0" in card and "testing" not in card  # the card, with no credential in it
 
 
-def test_a_killed_push_leaves_no_version_and_is_resumed(s3, build, tmp_path):
+@pytest.mark.usefixtures("s3")
+def test_a_killed_push_leaves_no_version_and_is_resumed(build, tmp_path):
     url = f"{URL}-killed"
     script = ("import sys; from pathlib import Path; import hs_dataset.hub.object_push as op\n"
               "real = op._put\n"
