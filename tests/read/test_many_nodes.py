@@ -221,6 +221,7 @@ def test_a_store_version_is_immutable_and_reads_as_on_the_hub(build, tmp_path, c
     assert len(open_dataset(url, local_dir=tmp_path / "newest")) == 4  # no revision: the newest version
     card = (tmp_path / "v10" / "README.md").read_text(encoding="utf-8")
     assert "v1.0" in card and "testing" not in card  # the card, with no credential in it
+    assert "### Training on many nodes" in card and "open_ranked(\"s3://" in card
 
 
 @pytest.mark.usefixtures("s3")
