@@ -20,6 +20,7 @@ from hs_dataset.hub.publish import push_dataset
 from hs_dataset.read import iter_torch, open_dataset
 from hs_dataset.read.ranked import open_ranked
 from hs_dataset.read.shard_checks import CHECK_ENV
+from hs_dataset.write.shard_sizing import fetch_factor
 from tests.fakehub.tools import client_subprocess_env
 from tests.fixtures.builds import random_build, root_env
 from tests.fixtures.s3 import BUCKET, s3, s3_server  # noqa: F401 (fixtures)
@@ -95,6 +96,13 @@ def test_every_layout_reads_every_row_once_in_one_order_from_a_small_cache(publi
         assert all(p <= bound * per_node // 2 for p in got["peak"])
         seen[(nodes, per_node)] = got["ranks"]
     assert seen[(1, 4)] == seen[(2, 2)] == seen[(4, 1)]
+
+
+def test_a_shard_cut_between_ranks_is_fetched_by_both_within_the_plans_bound(published, build, tmp_path):
+    sizes = shard_bytes(build)
+    got = read_layout(published, 5, 1, tmp_path, 1 << 30)  # 24 rows over 5 ranks: stretches of 5 cut 2-row shards
+    assert sorted(i for r in range(5) for b in got["ranks"][r] for i in b) == sorted(all_ids(build))
+    assert sum(sizes) < sum(got["fetched"]) <= fetch_factor(len(sizes), 5) * sum(sizes)
 
 
 def test_a_later_epoch_is_another_order_of_the_same_rows(published, build, tmp_path):
