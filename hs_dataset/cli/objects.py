@@ -8,6 +8,7 @@ import dataclasses
 import json
 
 from hs_dataset.cli.render import size, table
+from hs_dataset.errors import ConfigError
 
 __all__ = ["push_to_store", "store_verify", "store_versions"]
 
@@ -55,6 +56,9 @@ def store_verify(a: argparse.Namespace, target: str, revision: str | None) -> in
     """``hs-dataset verify URL [--revision V] [--quick]``."""
     from hs_dataset.hub.objects import verify_object_version  # deferred: fsspec, huggingface_hub
 
+    if a.probe or a.stats:
+        raise ConfigError(f"--probe and --stats read a local copy: download it (open_dataset({target!r}, revision=..., "
+                          "local_dir=DIR)), then `hs-dataset verify DIR --probe N`", field="probe")
     report = verify_object_version(target, revision=revision, quick=a.quick)
     if a.format == "json":
         print(json.dumps({"ok": report.ok, "where": report.where, "commit": report.commit, "shards": report.shards,

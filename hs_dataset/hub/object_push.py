@@ -36,7 +36,10 @@ from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, STATE_DIR
 from hs_dataset.redact import check_uploads
 from hs_dataset.write.card import render_card
 
-__all__ = ["ObjectPushResult", "push_objects"]
+__all__ = ["CREDENTIAL_ENV", "ObjectPushResult", "push_objects"]
+
+# the stores' secrets in the environment: no file pushed may hold their values (nor the card)
+CREDENTIAL_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN")
 
 
 @dataclass
@@ -84,7 +87,9 @@ def push_objects(local_dir: str | os.PathLike, url: str, version: str, *, build_
     refuse_unverified(root, None)
     local = local_files(root)
     refuse_unverified(root, local)
-    check_uploads([(f.rel, f.path, f.size) for f in local.values()], None, root / STATE_DIR, secrets,
+    known = [os.environ.get(k) or "" for k in CREDENTIAL_ENV]
+    known += [str(v) for k, v in (storage_options or {}).items() if any(w in k.lower() for w in ("secret", "token"))]
+    check_uploads([(f.rel, f.path, f.size) for f in local.values()], None, root / STATE_DIR, [*secrets, *known],
                   max_bytes=REGULAR_MAX_SIZE)
     raw_meta = (root / META_FILE).read_bytes()
     vid = meta_id(raw_meta)

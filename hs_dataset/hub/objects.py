@@ -196,6 +196,8 @@ def download_object_version(url: str, *, revision: str | None = None, local_dir:
     _check_store_listing(store, version, meta)
     folder = Path(local_dir) if local_dir is not None else default_object_dir(store, version, str(ref["id"]))
     entries = {f"{DATA_DIR}/{s['name']}": s for s in recorded_shards(meta, url)}
+    for stale in (folder / DATA_DIR).glob(".part-*") if (folder / DATA_DIR).is_dir() else ():
+        stale.unlink(missing_ok=True)  # a copy a killed download left (it would read as a file not recorded)
     for rel in [*entries, REJECTS_FILE, README_FILE, META_FILE]:  # the metadata last: it marks a finished copy
         dest = folder / rel
         if rel in entries and dest.is_file() and dest.stat().st_size == int(entries[rel]["bytes"]):

@@ -17,13 +17,14 @@ from hs_dataset.errors import IntegrityError, VersionExistsError
 from hs_dataset.hub.object_push import push_objects
 from hs_dataset.hub.objects import list_object_versions, verify_object_version
 from hs_dataset.hub.publish import push_dataset
+from hs_dataset.integrity.verify import verify_repo
 from hs_dataset.read import iter_torch, open_dataset
 from hs_dataset.read.ranked import open_ranked
 from hs_dataset.read.shard_checks import CHECK_ENV
 from hs_dataset.write.shard_sizing import fetch_factor
 from tests.fakehub.tools import client_subprocess_env
 from tests.fixtures.builds import random_build, root_env
-from tests.fixtures.s3 import BUCKET, s3, s3_server  # noqa: F401 (fixtures)
+from tests.fixtures.s3 import BUCKET, SECRET, s3, s3_server  # noqa: F401 (fixtures)
 
 REPO = "org/many-nodes"
 URL = f"s3://{BUCKET}/hs/many-nodes"
@@ -209,6 +210,10 @@ def test_a_hub_shard_damaged_on_the_way_is_refused_by_name(hub, build, tmp_path)
         for r in range(4):
             list(open_ranked(REPO, cache_dir=tmp_path / "c", cache_bytes=1 << 30, batch_size=2, rank=r, world_size=4,
                              local_rank=0, local_world_size=1))
+    with pytest.raises(IntegrityError, match=f"data/{shard.name} as downloaded differs"):
+        open_dataset(REPO, revision="v1.0", local_dir=tmp_path / "copy")
+    report = verify_repo(REPO, revision="v1.0", local_dir=tmp_path / "check")
+    assert not report.ok and [p.path for p in report.problems] == [f"data/{shard.name}"]
 
 
 @pytest.mark.usefixtures("s3")
@@ -228,7 +233,11 @@ def test_a_store_version_is_immutable_and_reads_as_on_the_hub(build, tmp_path, c
     assert [r["id"] for r in iter_torch(ds, batch_size=8)] == all_ids(build)
     assert len(open_dataset(url, local_dir=tmp_path / "newest")) == 4  # no revision: the newest version
     card = (tmp_path / "v10" / "README.md").read_text(encoding="utf-8")
-    assert "v1.0" in card and "testing" not in card  # the card, with no credential in it
+    assert "v1.0" in card and SECRET not in card and "moto-key-id" not in card  # no credential in the card
+    import fsspec  # deferred: s3fs, only here
+
+    fs, root = fsspec.core.url_to_fs(url)
+    assert not [p for p in fs.find(root) if SECRET.encode() in fs.cat_file(p)]  # nor in any file of the store
     assert "### Training on many nodes" in card and "open_ranked(\"s3://" in card
 
 
