@@ -16,7 +16,9 @@ beside it. The entry points, imported lazily (``import hs_dataset`` pulls in nei
 * :func:`build_share`, :func:`share_parts`, :func:`merge_shares`, :func:`build_with_ray`: one version
   built by many workers (``build_shard``, ``shard_parts`` and ``merge_shards``, their names before 0.3,
   still work and warn);
-* :func:`open_stream` and :class:`StreamPublisher`: train while it builds (``stream``).
+* :func:`open_stream` and :class:`StreamPublisher`: train while it builds (``stream``);
+* :func:`open_ranked` and :func:`push_objects`: train on many nodes from one version, on the Hub or in object
+  storage (``s3://``, any fsspec URL).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ _EXPORTS = {
     "build_share": "hs_dataset.scale.worker", "share_parts": "hs_dataset.write.shares",
     "merge_shares": "hs_dataset.scale.merge", "build_with_ray": "hs_dataset.scale.ray",
     "open_stream": "hs_dataset.stream.dataset", "StreamPublisher": "hs_dataset.stream.publish",
+    "open_ranked": "hs_dataset.read.ranked", "push_objects": "hs_dataset.hub.object_push",
 }
 # Names of 0.2, kept working (with a FutureWarning): a worker's share of a build was called a shard.
 _RENAMED = {"build_shard": "build_share", "shard_parts": "share_parts", "merge_shards": "merge_shares"}
@@ -48,14 +51,15 @@ _RENAMED = {"build_shard": "build_share", "shard_parts": "share_parts", "merge_s
 __all__ = [
     "BuildSummary", "DrafterCollator", "HiddenStatesConfig", "ProbeOptions", "StreamPublisher", "__version__", "build",
     "build_share", "build_with_ray", "decode_row", "export_dataset", "export_specforge", "import_dataset", "iter_torch",
-    "list_versions", "merge_shares", "open_dataset", "open_stream", "push_dataset", "share_parts", "verify_build",
-    "verify_repo",
+    "list_versions", "merge_shares", "open_dataset", "open_ranked", "open_stream", "push_dataset", "push_objects",
+    "share_parts", "verify_build", "verify_repo",
 ]
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below gives, for type checkers and IDEs
     from hs_dataset.write.driver import BuildSummary, build
     from hs_dataset.write.shares import share_parts
     from hs_dataset.config import HiddenStatesConfig
+    from hs_dataset.hub.object_push import push_objects
     from hs_dataset.hub.publish import push_dataset
     from hs_dataset.hub.versions import list_versions
     from hs_dataset.integrity.verify import ProbeOptions, verify_build, verify_repo
@@ -64,6 +68,7 @@ if TYPE_CHECKING:  # what the lazy __getattr__ below gives, for type checkers an
     from hs_dataset.read.decode import decode_row
     from hs_dataset.read.iterate import iter_torch
     from hs_dataset.read.open import open_dataset
+    from hs_dataset.read.ranked import open_ranked
     from hs_dataset.scale.merge import merge_shares
     from hs_dataset.scale.ray import build_with_ray
     from hs_dataset.scale.worker import build_share

@@ -8,6 +8,7 @@ import json
 
 from hs_dataset.write.progress import is_terminal
 from hs_dataset.cli.options import add_progress_arg
+from hs_dataset.cli.objects import push_to_store, store_versions
 from hs_dataset.cli.render import size, table
 from hs_dataset.hub.names import check_repo_id, check_version_name
 
@@ -82,6 +83,8 @@ def push(build_dir: str, repo_id: str, version: str, *, force: bool, as_json: bo
 
 
 def cmd_push(a: argparse.Namespace) -> int:
+    if "://" in a.repo_id:  # object storage (s3://, gs://, any fsspec URL)
+        return push_to_store(a)
     quiet_hub(a.no_progress)
     push(a.dir, a.repo_id, a.version, force=a.force, as_json=a.format == "json")
     return 0
@@ -91,6 +94,8 @@ def cmd_versions(a: argparse.Namespace) -> int:
     from hs_dataset.hub.access import check_hub, hub_errors  # deferred: huggingface_hub
     from hs_dataset.hub.versions import list_versions  # deferred: imports torch, datasets
 
+    if "://" in a.repo_id:  # object storage (s3://, gs://, any fsspec URL)
+        return store_versions(a)
     check_repo_id(a.repo_id)
     check_hub(need_token=False)
     with hub_errors(repo_id=a.repo_id):

@@ -85,6 +85,14 @@ def show_plan(config, a: argparse.Namespace) -> int:
                                         masked_fraction=p.masked_tokens / max(p.tokens, 1))]
     for line in table(("storage_dtype", "per token", "total"), rows):
         print(line)
+    from hs_dataset.write.shard_sizing import sizing_rows  # deferred: beside the other plan stages
+
+    data = int(p.build_tokens * p.bytes_per_token(config.storage_dtype))
+    shard = min(config.max_shard_bytes, data // max(len(p.part_samples), 1))  # a part's rows in shards of at most that
+    print(f"many nodes (open_ranked: each rank fetches its shards; this build's shards ~{size(shard)}):")
+    for line in table(("ranks", "fetched per epoch", "largest shard for <= 5%", "cache per 8-rank node"),
+                      sizing_rows(data, max(shard, 1))):
+        print(line)
     from hs_dataset.write.plan_costs import memory_lines, prefill_seconds  # deferred: imports torch, datasets
 
     for line in memory_lines(p):

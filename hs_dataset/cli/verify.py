@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from hs_dataset.cli.hub import quiet_hub
+from hs_dataset.cli.objects import store_verify
 from hs_dataset.cli.options import add_progress_arg
 from hs_dataset.cli.render import table
 from hs_dataset.errors import HubAccessError, MissingPathError, RepoIdError
@@ -42,6 +43,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
     from hs_dataset.integrity.verify import ProbeOptions, verify_build, verify_repo  # deferred: torch, datasets
 
     target, revision = split_target(a.target, a.revision)
+    if "://" in target:  # object storage (s3://, gs://, any fsspec URL)
+        return store_verify(a, target, revision)
     local = Path(target)
     probe = ProbeOptions(rows=a.probe, seed=a.seed, model=a.model, source=a.source, device=a.device)
     if local.is_dir() and revision is None:

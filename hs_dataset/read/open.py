@@ -29,6 +29,7 @@ from huggingface_hub.utils import validate_repo_id
 from hs_dataset.errors import ConfigError, HubAccessError, IntegrityError, NotABuildError
 from hs_dataset.hub.access import hub_errors
 from hs_dataset.hub.download import LocalVersion, download_version
+from hs_dataset.hub.objects import download_object_version, is_object_url
 from hs_dataset.integrity.verify import (Problem, VerifyReport, check_listing, data_files, read_meta, recorded_shards,
                                          verify_repo)
 from hs_dataset.layout import DATA_DIR, META_FILE
@@ -102,6 +103,9 @@ def open_dataset(path_or_repo: str | os.PathLike, *, revision: str | None = None
             raise ConfigError(f"{root} is a build directory: revision={revision!r} is for a Hub repo (org/name); "
                               "leave it out", field="revision", value=revision)
         return _open_local(root, streaming, num_shards)
+    if is_object_url(path_or_repo):  # object storage (s3://, gs://, any fsspec URL): each shard checked as it arrives
+        stored = download_object_version(str(path_or_repo), revision=revision, local_dir=local_dir)
+        return _open_local(stored.path, streaming, num_shards)
     repo_id = str(path_or_repo)
     if not _is_repo_id(repo_id):
         raise NotABuildError(f"{repo_id}: no such build directory, nor a Hub repo id (org/name): give the OUT of "

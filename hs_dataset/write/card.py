@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from hs_dataset.write.card_quality import quality_section
+from hs_dataset.write.shard_sizing import many_nodes_section
 from hs_dataset.errors import MissingPathError
 from hs_dataset.layer_ids import drafter_layer_ids
 from hs_dataset.layout import FINAL_COLUMN, layer_column, utf8_safe
@@ -335,6 +336,7 @@ def render_card(metadata: dict, extra: dict) -> str:
         "history_table": _history_table(history, tags, version) if history else "n/a",
         "force_note": force_note,
         "quality": quality_section(metadata),
+        "many_nodes": many_nodes_section(metadata, extra.get("repo_id"), version),
     }
     if "quality}" not in template_text and "$quality" not in template_text:  # an older custom template
         template_text = template_text.rstrip() + "\n\n${quality}\n"
