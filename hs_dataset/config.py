@@ -165,6 +165,8 @@ class HiddenStatesConfig:
     tags: bool = _f(False, "store per-sample tag columns (tag_source, tag_row, tag_mode, tag_turns, tag_tokens, "
                            "tag_language): plain columns for datasets filters, plan/inspect and derive")
     tag_columns: str = _f("", "with tags: source columns copied as tag_<name> (comma-separated, e.g. category,lang)")
+    sample_stats: bool = _f(False, "after the build, write sample_stats.parquet: the teacher's entropy and flatness "
+                                   "per row at loss-masked positions (from hidden_final and lm_head, or the teacher)")
     on_nonfinite: NonfinitePolicy = _f("fail", "NaN/Inf in a state: stop the build (fail) or reject the sample")
     duplicates: DuplicatesPolicy = _f("keep", "a sample with the token ids and loss mask of an earlier one: capture it "
                                               "again (keep; counted in hs_dataset.json) or reject it (skip)")
