@@ -57,7 +57,7 @@ def sample_mode(options: GenerationOptions, sample_id: str) -> Mode:
     if options.thinking == "both":
         u = zlib.crc32(f"{options.seed}\0{sample_id}".encode()) / 2**32
         return "on" if u < options.thinking_ratio else "off"
-    return options.thinking  # type: ignore[return-value]
+    return options.thinking
 
 
 def template_kwargs(tokenizer: PreTrainedTokenizerBase, options: GenerationOptions, mode: Mode) -> dict:
