@@ -7,9 +7,28 @@ import argparse
 import shlex
 import sys
 
-from hs_dataset.cli.render import size
+from hs_dataset.cli.render import size, table
 
-__all__ = ["cmd_derive", "register"]
+__all__ = ["cmd_derive", "print_tag_counts", "register"]
+
+_SHOWN = 8  # values shown per tag column (the most frequent)
+
+
+def print_tag_counts(counts: dict[str, dict], rows: int, estimated: str = "") -> None:
+    """``{tag column: {value: rows}}`` as one table: each column's most frequent values and their rows."""
+    if not counts:
+        return
+    print(f"tags:      rows by tag{estimated} (derive --where filters on them):")
+    out = []
+    for name, by_value in counts.items():
+        ranked = sorted(by_value.items(), key=lambda kv: (-kv[1], str(kv[0])))
+        shown = ranked[:_SHOWN]
+        more = len(ranked) - len(shown)
+        out += [(name, "null" if v is None else str(v), f"{n:,}", f"{n / max(rows, 1):.1%}") for v, n in shown]
+        if more:
+            out.append((name, f"({more} more values)", f"{sum(n for _, n in ranked[_SHOWN:]):,}", ""))
+    for line in table(("tag", "value", "rows", "share"), out):
+        print(line)
 
 
 def cmd_derive(a: argparse.Namespace) -> int:

@@ -66,6 +66,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         for line in table(head, rows):
             print(line)
         _print_quality(meta)
+        _print_tags(out, meta, c["written"])
         if a.plot:
             print(f"plot:      {plot_stats(stats, a.plot, title=str(out))}")
     elif a.plot:
@@ -91,6 +92,20 @@ def _print_quality(meta: dict) -> None:
     else:
         outcome = "every row matches" if p["ok"] else f"{len(p['failed'])} rows do not match (hs-dataset verify names them)"
         print(f"probe:     {p['rows']} rows (seed {p['seed']}) on {p['device']} at {p['at']}: {outcome}")
+
+
+def _print_tags(out: Path, meta: dict, rows: int) -> None:
+    """Rows by tag value (builds with tag columns: hs_dataset.prepare.tags)."""
+    from hs_dataset.cli.derive import print_tag_counts
+    from hs_dataset.derive.shards import plain_columns  # deferred: pyarrow
+    from hs_dataset.prepare.tags import count_tags
+
+    tags = plain_columns(out, meta)
+    names = [c for c in tags.column_names if c.startswith("tag_")]
+    counts: dict[str, dict] = {}
+    for row in tags.select(names).to_pylist() if names else []:
+        count_tags(counts, row)
+    print_tag_counts(counts, rows)
 
 
 def _print_schema(out: Path) -> None:

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hs_dataset.errors import NotABuildError
 from hs_dataset.layout import DATA_DIR, META_FILE
 
-__all__ = ["Batch", "build_meta", "iter_batches", "shard_names"]
+__all__ = ["Batch", "build_meta", "iter_batches", "plain_columns", "shard_names"]
 
 
 @dataclass
@@ -65,3 +66,13 @@ def iter_batches(root: Path, meta: dict[str, Any] | None = None) -> Iterator[Bat
             for b in pa.ipc.open_stream(src):
                 yield Batch(name, start, b)
                 start += b.num_rows
+
+
+def plain_columns(root: Path, meta: dict[str, Any] | None = None) -> pa.Table:
+    """A version's ``row`` index, ``id``, ``num_tokens`` and ``tag_*`` columns (no states read)."""
+    parts = []
+    for b in iter_batches(root, meta):
+        keep = [c for c in b.batch.schema.names if c in ("id", "num_tokens") or c.startswith("tag_")]
+        t = pa.Table.from_batches([b.batch.select(keep)])
+        parts.append(t.append_column("row", pa.array(np.arange(b.start, b.start + b.batch.num_rows), pa.int64())))
+    return pa.concat_tables(parts)

@@ -35,7 +35,7 @@ import xxhash
 
 from hs_dataset.atomic import atomic_write
 from hs_dataset.derive.query import Filter, mix_counts, parse_filter, row_mask, sample_rows
-from hs_dataset.derive.shards import build_meta, iter_batches
+from hs_dataset.derive.shards import build_meta, iter_batches, plain_columns
 from hs_dataset.derive.teacher_stats import (STAT_COLUMNS, iter_position_stats, load_output_embedding,
                                              read_sample_stats, stats_source)
 from hs_dataset.errors import ConfigError, ForeignFilesError
@@ -66,12 +66,7 @@ class DeriveSummary:
 
 def _plain_columns(root: Path, meta: dict[str, Any], need_stats: bool) -> pa.Table:
     """A version's row index, id, num_tokens and tag columns (and its statistics, when a filter needs them)."""
-    parts = []
-    for b in iter_batches(root, meta):
-        keep = [c for c in b.batch.schema.names if c in ("id", "num_tokens") or c.startswith("tag_")]
-        t = pa.Table.from_batches([b.batch.select(keep)])
-        parts.append(t.append_column("row", pa.array(np.arange(b.start, b.start + b.batch.num_rows), pa.int64())))
-    table = pa.concat_tables(parts)
+    table = plain_columns(root, meta)
     if need_stats:
         stats = read_sample_stats(root, table.column("id").to_pylist())
         for c in STAT_COLUMNS:

@@ -21,13 +21,15 @@ from typing import Any, Mapping
 
 from hs_dataset.records import Conversation, SourceRow, TokenizedSample
 
-__all__ = ["DEFAULT_TAGS", "MODE_TAG", "TAG_PREFIX", "set_tags", "source_tags", "tag_dtypes", "user_columns"]
+__all__ = ["COUNTED_TAGS_SKIP", "DEFAULT_TAGS", "MODE_TAG", "TAG_PREFIX", "count_tags", "set_tags", "source_tags",
+           "tag_dtypes", "user_columns"]
 
 TAG_PREFIX = "tag_"
 MODE_TAG = "tag_mode"
 DEFAULT_TAGS: dict[str, str] = {"tag_source": "string", "tag_row": "int64", MODE_TAG: "string", "tag_turns": "int32",
                                 "tag_tokens": "int32", "tag_language": "string"}
 _LANGUAGE_KEYS = ("language", "lang")
+COUNTED_TAGS_SKIP = ("tag_row", "tag_tokens")  # a value per row: not counted by value
 
 
 def user_columns(tag_columns: str) -> list[str]:
@@ -69,3 +71,11 @@ def set_tags(sample: TokenizedSample, tags: dict[str, Any], mode: str) -> Tokeni
     """``sample`` with its tags (``tags`` from :func:`source_tags`, its mode and token count) attached."""
     sample.tags = {**tags, MODE_TAG: mode, "tag_tokens": sample.num_tokens}
     return sample
+
+
+def count_tags(counts: dict[str, dict[Any, int]], tags: Mapping[str, Any]) -> None:
+    """Add one row's ``tags`` to ``counts`` (``{column: {value: rows}}``; row indices and token counts left out)."""
+    for name, value in tags.items():
+        if name not in COUNTED_TAGS_SKIP:
+            by_value = counts.setdefault(name, {})
+            by_value[value] = by_value.get(value, 0) + 1

@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 
 from hs_dataset.capture.transformers import TransformersBackend
+from hs_dataset.cli import main
 from hs_dataset.config import GenerationOptions, HiddenStatesConfig
 from hs_dataset.prepare.regenerate import Generation, Prompt, regenerate_conversations
 from hs_dataset.prepare.thinking import end_marker, template_kwargs, thinking_key, tokenize_generated
 from hs_dataset.prepare.tokenizer import load_tokenizer
 from hs_dataset.records import Conversation, Message
 from hs_dataset.write.driver import build
+from hs_dataset.write.plan import plan_build
 from tests.fixtures.builds import DEMO, LAYERS, load_built
 
 REASONING, ANSWER = "I think hard about it.", "Answer: forty two."
@@ -167,7 +169,7 @@ def test_kimi_switch_and_masks_over_several_turns(kimi):
             assert text.endswith(("<think>" if thinking_on else "<think></think>") + last + "<|im_end|>")
 
 
-def test_tags_of_a_source_build_are_plain_filterable_columns(tiny_model, tmp_path):
+def test_tags_of_a_source_build_are_plain_filterable_columns(tiny_model, tmp_path, capsys):
     rows = [{"conversations": [{"from": "human", "value": f"Question {i}?"}, {"from": "gpt", "value": f"Reply {i}."}],
              "language": ["en", "fr"][i % 2], "category": ["math", "code", "chat"][i % 3]} for i in range(9)]
     src = tmp_path / "mixed.jsonl"
@@ -182,3 +184,17 @@ def test_tags_of_a_source_build_are_plain_filterable_columns(tiny_model, tmp_pat
     assert ds["tag_turns"] == [1] * 9
     math_fr = ds.filter(lambda r: r["tag_category"] == "math" and r["tag_language"] == "fr")
     assert math_fr["tag_row"] == [3]
+    # plan and inspect count rows by tag
+    assert plan_build(cfg).tag_counts["tag_category"] == {"math": 3, "code": 3, "chat": 3}
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    assert "rows by tag" in text
+    assert any(line.split()[:4] == ["tag_language", "en", "5", "55.6%"] for line in text.splitlines()), text
+
+
+def test_plan_counts_the_thinking_modes_a_regenerate_build_will_write(tiny_model):
+    cfg = HiddenStatesConfig(model=tiny_model, layers=LAYERS, source=str(DEMO), max_length=256, max_samples=40,
+                             responses="regenerate", generation={"thinking": "both", "thinking_ratio": 0.25})
+    modes = plan_build(cfg).tag_counts["tag_mode"]
+    assert set(modes) == {"on", "off"} and sum(modes.values()) == 40 and 4 <= modes["on"] <= 16
