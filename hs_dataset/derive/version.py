@@ -8,9 +8,10 @@ the source versions (their paths and the content hash of their ``hs_dataset.json
 
 The contract:
 
-* a kept row is the source row: every column's bytes as stored (the hidden states are never decoded), written
-  as its own Arrow record batch in the source's schema; only a narrowed row differs, in ``loss_mask`` and (a
-  teacher build) the teacher columns, which hold the loss-masked positions only;
+* a kept row is the source row: every column's bytes as stored (the hidden states are never decoded), in the
+  source's schema; each run of consecutive kept rows of a source record batch is written as one record batch
+  (the run's bytes laid out as in the source); only a narrowed row differs, in ``loss_mask`` and (a teacher
+  build) the teacher columns, which hold the loss-masked positions only;
 * rows keep their version's order, versions follow each other in the order given;
 * ``--keep-flattest F``: per version, the positions whose entropy (:mod:`hs_dataset.derive.teacher_stats`) is
   in the top ``F`` share of its kept rows' masked positions stay masked; a row left with none is dropped;
@@ -27,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -227,34 +228,46 @@ def _write_rows(roots: list[Path], metas: list[dict[str, Any]], chosen: list[np.
         masks = _flat_masks(root, meta, rows, keep_flattest, model) if keep_flattest is not None else None
         wanted, n = set(int(r) for r in rows), 0
         for b in iter_batches(root, meta):
-            for i in range(b.batch.num_rows):
-                row = b.start + i
-                if row not in wanted:
-                    continue
-                one = b.batch.slice(i, 1)
-                if masks is not None:
-                    keep = masks.get(row, np.zeros(0, np.int64))
-                    summary.positions_masked_before += int(np.count_nonzero(
-                        one.column("loss_mask").flatten().to_numpy(zero_copy_only=False)))
-                    if not keep.size:
-                        summary.dropped_rows += 1
-                        continue
-                    summary.positions_masked_after += int(keep.size)
-                    one = _narrowed(b.batch, i, keep)
+            for one in _pieces(b.batch, b.start, wanted, masks, summary):
                 if state["writer"] is None:
                     state["path"] = out / DATA_DIR / shard_name(len(files), 0, "arrow")
                     state["sink"] = pa.OSFile(str(state["path"]), "wb")
                     state["writer"] = pa.ipc.new_stream(state["sink"], one.schema, options=options)
                 state["writer"].write_batch(one)
                 state["bytes"] += one.nbytes
-                state["rows"] += 1
-                tokens += int(one.column("num_tokens")[0].as_py())
-                n += 1
+                state["rows"] += one.num_rows
+                tokens += int(np.sum(one.column("num_tokens").to_numpy(zero_copy_only=False)))
+                n += one.num_rows
                 if state["bytes"] >= limit:
                     close()
         written.append(n)
     close()
     return files, written, tokens
+
+
+def _pieces(batch: pa.RecordBatch, start: int, wanted: set[int], masks: dict[int, np.ndarray] | None,
+            summary: DeriveSummary) -> Iterator[pa.RecordBatch]:
+    """The kept rows of ``batch`` (its first row is row ``start``) as record batches: each run of consecutive kept
+    rows as one slice, in the source's own layout (a column's values of the run side by side, as stored); a row
+    whose mask is narrowed alone."""
+    rows = [i for i in range(batch.num_rows) if start + i in wanted]
+    if masks is None:
+        while rows:
+            run = 1
+            while run < len(rows) and rows[run] == rows[0] + run:
+                run += 1
+            yield batch.slice(rows[0], run)
+            rows = rows[run:]
+        return
+    for i in rows:
+        keep = masks.get(start + i, np.zeros(0, np.int64))
+        summary.positions_masked_before += int(np.count_nonzero(
+            batch.slice(i, 1).column("loss_mask").flatten().to_numpy(zero_copy_only=False)))
+        if not keep.size:
+            summary.dropped_rows += 1
+            continue
+        summary.positions_masked_after += int(keep.size)
+        yield _narrowed(batch, i, keep)
 
 
 def _card_section(derived: dict[str, Any]) -> str:
