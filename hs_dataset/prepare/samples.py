@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from hs_dataset.config import GenerationOptions, HiddenStatesConfig
 from hs_dataset.errors import ConfigError, SampleError
 from hs_dataset.prepare.conversations import parse_row
-from hs_dataset.prepare.loss_mask import _check_vocab, tokenize_sample
+from hs_dataset.prepare.loss_mask import tokenize_sample
 from hs_dataset.prepare.regenerate import Generator, messages_json, regenerate_conversations
 from hs_dataset.prepare.rows import TokenizeRules, prepare_row
 from hs_dataset.prepare.source_spec import source_name
 from hs_dataset.prepare.sources import iter_source
 from hs_dataset.prepare.tags import set_tags, source_tags, tag_dtypes, user_columns
-from hs_dataset.prepare.thinking import sample_mode, template_kwargs, tokenize_generated
+from hs_dataset.prepare.thinking import sample_mode, tokenize_in_mode
 from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.records import Conversation, Reject, TokenizedSample
 
@@ -78,11 +78,8 @@ def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizer
         mode = sample_mode(gen, sample_id)
         try:
             if gen.thinking_set and isinstance(parsed, Conversation):  # the last reply as generated
-                sample = tokenize_generated(parsed, tokenizer, template_kwargs(tokenizer, gen, mode),
-                                            max_length=cfg.max_length, mask=cfg.mask, truncation=cfg.truncation,
-                                            train_thinking=gen.train_thinking, thinking_end=gen.thinking_end,
-                                            thinking_on=mode == "on")
-                _check_vocab(sample.input_ids, vocab)
+                sample = tokenize_in_mode(parsed, tokenizer, gen, max_length=cfg.max_length, mask=cfg.mask,
+                                          truncation=cfg.truncation, vocab_size=vocab)
             else:
                 sample = tokenize_sample(parsed, tokenizer, max_length=cfg.max_length, mask=cfg.mask,
                                          truncation=cfg.truncation, vocab_size=vocab)

@@ -28,15 +28,16 @@ import numpy as np
 from hs_dataset.config import GenerationOptions
 from hs_dataset.errors import SampleError
 from hs_dataset.layout import MaskMode, TruncationMode
-from hs_dataset.prepare.loss_mask import (_check_modes, _finish, _mask_from_offsets, _turn_spans, encode_bounded,
-                                          render_conversation)
+from hs_dataset.prepare.loss_mask import (_check_modes, _check_vocab, _finish, _mask_from_offsets, _turn_spans,
+                                          encode_bounded, render_conversation)
 from hs_dataset.prepare.token_offsets import encode_with_offsets
 from hs_dataset.records import Conversation, Message, TokenizedSample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["Mode", "end_marker", "sample_mode", "template_kwargs", "thinking_key", "tokenize_generated"]
+__all__ = ["Mode", "end_marker", "sample_mode", "template_kwargs", "thinking_key", "tokenize_generated",
+           "tokenize_in_mode"]
 
 Mode = Literal["on", "off", "template"]
 _SENTINEL = "hs_dataset reply sentinel 7f3a"
@@ -106,3 +107,19 @@ def tokenize_generated(conv: Conversation, tokenizer: PreTrainedTokenizerBase, k
             loss_mask[_mask_from_offsets(offsets, [(len(prompt), len(prompt) + think)]).astype(bool)] = 0
     return _finish(conv.sample_id, ids, np.asarray(loss_mask, dtype=np.uint8), max_length=max_length,
                    truncation=truncation, cut=cut)
+
+
+def tokenize_in_mode(conv: Conversation, tokenizer: PreTrainedTokenizerBase, options: GenerationOptions, *,
+                     max_length: int, mask: MaskMode, truncation: TruncationMode, vocab_size: int) -> TokenizedSample:
+    """A regenerated conversation of a build with a thinking switch as tokens and a loss mask, in its sample's mode
+    (what the build writes, and what ``verify --probe`` checks a stored row against).
+
+    Raises:
+        SampleError: as :func:`tokenize_generated`, and a token id at or above ``vocab_size``.
+    """
+    mode = sample_mode(options, conv.sample_id)
+    sample = tokenize_generated(conv, tokenizer, template_kwargs(tokenizer, options, mode), max_length=max_length,
+                                mask=mask, truncation=truncation, train_thinking=options.train_thinking,
+                                thinking_end=options.thinking_end, thinking_on=mode == "on")
+    _check_vocab(sample.input_ids, vocab_size)
+    return sample
