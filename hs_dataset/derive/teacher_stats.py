@@ -38,7 +38,7 @@ from hs_dataset.errors import ConfigError, MissingPathError
 from hs_dataset.layout import FINAL_COLUMN, SAMPLE_STATS_FILE, TEACHER_LOGPROBS_COLUMN, scale_column
 
 __all__ = ["STAT_COLUMNS", "StatsSource", "load_output_embedding", "position_stats", "read_sample_stats",
-           "stats_source", "topk_stats", "write_sample_stats"]
+           "stats_source", "topk_stats", "write_sample_stats", "write_stats_table"]
 
 StatsSource = Literal["hidden_final", "teacher"]
 STAT_COLUMNS = ("stat_positions", "stat_entropy_mean", "stat_entropy_max", "stat_top1_mean", "stat_flatness_mean")
@@ -193,8 +193,13 @@ def write_sample_stats(root: str | Path, *, source: str | None = None, model: st
         cols["stat_top1_mean"].append(float(t.mean()) if n else 1.0)
         cols["stat_flatness_mean"].append(1.0 - cols["stat_top1_mean"][-1])
     types = {"row": pa.int64(), "id": pa.string(), "stat_positions": pa.int32()}
-    table = pa.table({k: pa.array(v, types.get(k, pa.float64())) for k, v in cols.items()})
-    table = table.replace_schema_metadata({"hs_dataset": json.dumps({"source": src, "rows": table.num_rows})})
+    return write_stats_table(root, pa.table({k: pa.array(v, types.get(k, pa.float64())) for k, v in cols.items()}),
+                             src)
+
+
+def write_stats_table(root: Path, table: pa.Table, source: str) -> Path:
+    """``table`` (the columns of :func:`write_sample_stats`) as ``root/sample_stats.parquet``, atomically."""
+    table = table.replace_schema_metadata({"hs_dataset": json.dumps({"source": source, "rows": table.num_rows})})
     path = root / SAMPLE_STATS_FILE
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # as atomic_write: readers see a whole file or none
     try:

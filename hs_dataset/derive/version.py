@@ -38,11 +38,11 @@ from hs_dataset.atomic import atomic_write
 from hs_dataset.derive.query import Filter, mix_counts, parse_filter, row_mask, sample_rows
 from hs_dataset.derive.shards import build_meta, iter_batches, plain_columns
 from hs_dataset.derive.teacher_stats import (STAT_COLUMNS, iter_position_stats, load_output_embedding,
-                                             read_sample_stats, stats_source)
+                                             read_sample_stats, stats_source, write_stats_table)
 from hs_dataset.errors import ConfigError, ForeignFilesError
 from hs_dataset.integrity.checksums import shard_entry
 from hs_dataset.integrity.metadata import REJECTS_HASH_KEY, rejects_digest
-from hs_dataset.layout import (DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, TEACHER_IDS_COLUMN,
+from hs_dataset.layout import (DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SAMPLE_STATS_FILE, TEACHER_IDS_COLUMN,
                                TEACHER_LOGPROBS_COLUMN, TEACHER_LSE_COLUMN, shard_name)
 from hs_dataset.write.card import render_readme
 
@@ -200,6 +200,8 @@ def derive(sources: list[str | Path], output: str | Path, *, where: list[str] | 
                                                                                        rows_per_source)],
                          "query": query}, shards=files)
     atomic_write(out / REJECTS_FILE, "")
+    if keep_flattest is None and all((r / SAMPLE_STATS_FILE).is_file() for r in roots):
+        _keep_stats(roots, chosen, out, meta)
     text = json.dumps(meta, indent=1)
     atomic_write(out / README_FILE, render_readme(meta, str(out)) + _card_section(meta["derived"]))
     atomic_write(out / META_FILE, text)  # last: a finished version
@@ -243,6 +245,23 @@ def _write_rows(roots: list[Path], metas: list[dict[str, Any]], chosen: list[np.
         written.append(n)
     close()
     return files, written, tokens
+
+
+def _keep_stats(roots: list[Path], chosen: list[np.ndarray], out: Path, meta: dict[str, Any]) -> None:
+    """The kept rows' statistics (their states and masks are the sources'), as ``out``'s ``sample_stats.parquet``."""
+    import pyarrow.parquet as pq
+
+    parts, kinds = [], set()
+    for root, rows in zip(roots, chosen):
+        kinds.add(json.loads((pq.read_schema(str(root / SAMPLE_STATS_FILE)).metadata or {}).get(
+            b"hs_dataset", b"{}")).get("source", "?"))
+        parts.append(read_sample_stats(root).take(pa.array(rows, pa.int64())))
+    table = pa.concat_tables(parts)
+    ids = plain_columns(out, meta).column("id").to_pylist()
+    if table.column("id").to_pylist() != ids:  # a stale source file: leave it to `verify --stats`
+        return
+    table = table.set_column(0, "row", pa.array(np.arange(table.num_rows), pa.int64()))
+    write_stats_table(out, table, kinds.pop() if len(kinds) == 1 else "mixed")
 
 
 def _pieces(batch: pa.RecordBatch, start: int, wanted: set[int], masks: dict[int, np.ndarray] | None,

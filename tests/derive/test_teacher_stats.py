@@ -65,3 +65,18 @@ def test_statistics_from_the_stored_teacher_and_by_verify_stats(tiny_model, buil
         assert s["stat_entropy_mean"] <= float(h.mean()) + 1e-3  # a lower bound of the full entropy
         assert s["stat_top1_mean"] == pytest.approx(float(p[:, 0].mean()), rel=1e-6)
         assert s["stat_top1_mean"] == pytest.approx(float(top1.mean()), abs=2e-2)  # bf16 product on the build's side
+
+
+def test_a_derived_version_keeps_its_rows_statistics(built, tmp_path):
+    from hs_dataset.derive.version import derive
+
+    write_sample_stats(built)
+    derive([built], tmp_path / "sub", budget=4, seed=2)
+    src = {r["id"]: r for r in read_sample_stats(built).to_pylist()}
+    got = read_sample_stats(tmp_path / "sub").to_pylist()
+    assert [r["row"] for r in got] == [0, 1, 2, 3]
+    for r in got:
+        assert {k: v for k, v in r.items() if k != "row"} == {k: v for k, v in src[r["id"]].items() if k != "row"}
+    flat = max(r["stat_flatness_mean"] for r in got)  # a filter on the derived version's own statistics
+    derive([tmp_path / "sub"], tmp_path / "flattest", where=[f"stat_flatness_mean >= {flat}"])
+    assert [r["stat_flatness_mean"] for r in read_sample_stats(tmp_path / "flattest").to_pylist()] == [flat]

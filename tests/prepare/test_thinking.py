@@ -17,6 +17,8 @@ import pytest
 from hs_dataset.capture.transformers import TransformersBackend
 from hs_dataset.cli import main
 from hs_dataset.config import GenerationOptions, HiddenStatesConfig
+from hs_dataset.integrity.quality import ProbeOptions
+from hs_dataset.integrity.verify import verify_build
 from hs_dataset.prepare.regenerate import Generation, Prompt, regenerate_conversations
 from hs_dataset.prepare.thinking import end_marker, template_kwargs, thinking_key, tokenize_generated
 from hs_dataset.prepare.tokenizer import load_tokenizer
@@ -138,6 +140,9 @@ def test_both_modes_in_one_build_with_their_masks_modes_and_tags(qwen_model, tmp
         assert row["tag_tokens"] == row["num_tokens"] == len(row["input_ids"])
         assert row["tag_id"] is not None and row["tag_id"].startswith("demo-")
         assert row["tag_language"] is None
+    # verify --probe retokenizes each stored conversation in its row's mode and re-runs the reference backend
+    report = verify_build(tmp_path / "out", probe=ProbeOptions(rows=4, device="cpu"))
+    assert report.ok and report.probe is not None and report.probe.ok, report.message()
 
 
 def test_kimi_switch_and_masks_over_several_turns(kimi):
