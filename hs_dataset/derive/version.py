@@ -164,7 +164,8 @@ def derive(sources: list[str | Path], output: str | Path, *, where: list[str] | 
         raise ConfigError("derive needs at least one source version")
     out = Path(output)
     if out.exists() and any(out.iterdir()):
-        raise ForeignFilesError(f"{out} is not empty: derive writes a new version into an empty or new folder")
+        raise ForeignFilesError(f"{out} is not empty: derive writes a new version into an empty or new folder (pick "
+                                "another --output, or remove the unfinished one a failed derive left there)")
     if keep_flattest is not None and not 0 < keep_flattest <= 1:
         raise ConfigError(f"keep_flattest={keep_flattest}: a share of positions in (0, 1]", field="keep_flattest",
                           value=keep_flattest)
