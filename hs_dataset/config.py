@@ -164,7 +164,7 @@ class HiddenStatesConfig:
     store_final: bool = _f(True, "store hidden_final; false (with teacher) leaves it out: the teacher replaces it")
     tags: bool = _f(False, "store per-sample tag columns (tag_source, tag_row, tag_mode, tag_turns, tag_tokens, "
                            "tag_language): plain columns for datasets filters, plan/inspect and derive")
-    tag_columns: str = _f("", "with tags: source columns copied as tag_<name> (comma-separated, e.g. category,lang)")
+    tag_columns: str | None = _f(None, "with tags: source columns copied as tag_<name> (comma-separated, e.g. category,lang)")
     sample_stats: bool = _f(False, "after the build, write sample_stats.parquet: the teacher's entropy and flatness "
                                    "per row at loss-masked positions (from hidden_final and lm_head, or the teacher)")
     on_nonfinite: NonfinitePolicy = _f("fail", "NaN/Inf in a state: stop the build (fail) or reject the sample")

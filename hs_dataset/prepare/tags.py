@@ -32,7 +32,7 @@ _LANGUAGE_KEYS = ("language", "lang")
 COUNTED_TAGS_SKIP = ("tag_row", "tag_tokens")  # a value per row: not counted by value
 
 
-def user_columns(tag_columns: str) -> list[str]:
+def user_columns(tag_columns: str | None) -> list[str]:
     """The source columns named in ``tag_columns`` (comma-separated), in order, without repeats."""
     return list(dict.fromkeys(c.strip() for c in str(tag_columns or "").split(",") if c.strip()))
 
