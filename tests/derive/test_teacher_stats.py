@@ -50,8 +50,11 @@ def test_statistics_from_hidden_final_equal_log_softmax_of_lm_head(tiny_model, b
     assert pq.read_schema(built / SAMPLE_STATS_FILE).metadata[b"hs_dataset"].startswith(b'{"source": "hidden_final"')
 
 
-def test_statistics_from_the_stored_teacher_and_by_verify_stats(tiny_model, built):
+def test_statistics_from_the_stored_teacher_and_by_verify_stats(tiny_model, built, tmp_path, capsys):
     (built / SAMPLE_STATS_FILE).unlink()  # a version built without them: verify --stats writes them
+    assert main(["verify", str(built), "--stats", "--model", str(tmp_path / "elsewhere")]) == 0  # no lm_head here
+    assert "per-row teacher statistics: not written" in capsys.readouterr().out
+    assert not (built / SAMPLE_STATS_FILE).exists()
     assert main(["verify", str(built), "--stats"]) == 0
     assert read_sample_stats(built).num_rows == 8
     write_sample_stats(built, source="teacher")
