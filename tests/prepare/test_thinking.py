@@ -203,3 +203,37 @@ def test_plan_counts_the_thinking_modes_a_regenerate_build_will_write(tiny_model
                              responses="regenerate", generation={"thinking": "both", "thinking_ratio": 0.25})
     modes = plan_build(cfg).tag_counts["tag_mode"]
     assert set(modes) == {"on", "off"} and sum(modes.values()) == 40 and 4 <= modes["on"] <= 16
+
+
+@pytest.fixture(scope="module")
+def kimi_model(tmp_path_factory) -> Path:
+    from tests.gpu.models import make_kimi_k25
+
+    return make_kimi_k25(tmp_path_factory.mktemp("kimi-k25") / "tiny-kimi-k25", hidden=64, vocab=2048)
+
+
+def test_both_modes_in_one_build_on_the_tiny_kimi_template(kimi_model, tmp_path):
+    """Kimi-K2.5's switch (`thinking`) in a real build, mask=all: every turn of every row, its mode recorded."""
+    tok = load_tokenizer(kimi_model, trust_remote_code=True)
+    cfg = HiddenStatesConfig(model=str(kimi_model), layers=(0, 1, 2), source=str(DEMO), max_length=512, part_size=4,
+                             max_samples=10, responses="regenerate", trust_remote_code=True,
+                             generation={"thinking": "both", "train_thinking": False, "max_new_tokens": 64},
+                             backend_options={"device": "cpu", "batch_tokens": 4096})
+    backend = ScriptedBackend(str(kimi_model), (0, 1, 2), device="cpu", batch_tokens=4096, trust_remote_code=True)
+    backend.script = ScriptedGenerator(tok, "kimi")
+    try:
+        s = build(cfg, tmp_path / "out", backend=backend, progress=False)
+    finally:
+        backend.close()
+    assert s.counts.written == 10, s.counts
+    ds = load_built(tmp_path / "out")
+    assert set(ds["tag_mode"]) == {"on", "off"}
+    for row in ds:
+        on = row["tag_mode"] == "on"
+        msgs = json.loads(row["messages"])
+        replies = [m["content"] for m in msgs if m["role"] == "assistant"]
+        assert replies[-1] == (REASONING + "</think>" + ANSWER if on else ANSWER)
+        # history turns as the template renders them after the row's prompt; the last turn without its thinking
+        want = "".join(("</think>" if on else "") + r + "<|im_end|>" for r in replies[:-1])
+        want += ANSWER + "<|im_end|>"
+        assert masked_text(tok, row["input_ids"], row["loss_mask"]) == want, row["id"]
