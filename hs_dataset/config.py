@@ -41,6 +41,10 @@ def _f(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - the metadata 
 
 
 OnLength = Literal["reject", "keep"]
+# The template's thinking switch (hs_dataset.prepare.thinking): as the template defaults it (no switch passed), on,
+# off, or both (a share of the samples on, the rest off).
+ThinkingMode = Literal["template", "on", "off", "both"]
+THINKING_MODES: tuple[str, ...] = typing.get_args(ThinkingMode)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,12 @@ class GenerationOptions:
     (the template's end-of-turn token and EOS always stop); ``on_length``: a reply cut at
     ``max_new_tokens`` without an end of turn is rejected (``reject``, the default: its end-of-turn
     marker would be one the model did not write) or kept (``keep``).
+
+    Thinking (:mod:`hs_dataset.prepare.thinking`): ``thinking`` is ``template`` (no switch passed), ``on``,
+    ``off`` or ``both`` (``thinking_ratio`` of the samples on, chosen per sample id and seed); ``thinking_key``
+    the template's switch (default: ``enable_thinking`` when the template names it, as Qwen3's does, else
+    ``thinking``, Kimi-K2.5's); ``template_kwargs`` more keyword arguments for the chat template;
+    ``train_thinking``: the thinking span (up to and with ``thinking_end``) in the loss mask or not.
     """
 
     temperature: float = 0.0
@@ -60,6 +70,12 @@ class GenerationOptions:
     seed: int = 0
     stop: tuple[str, ...] = ()
     on_length: OnLength = "reject"
+    thinking: ThinkingMode = "template"
+    thinking_ratio: float = 0.5
+    thinking_key: str | None = None
+    thinking_end: str = "</think>"
+    train_thinking: bool = True
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, options: dict[str, Any]) -> "GenerationOptions":
@@ -80,14 +96,32 @@ class GenerationOptions:
         if opts.on_length not in ("reject", "keep"):
             raise ConfigError(f"generation.on_length={opts.on_length!r}: use reject or keep", field="generation.on_length",
                               value=opts.on_length)
+        if opts.thinking not in THINKING_MODES:
+            raise ConfigError(f"generation.thinking={opts.thinking!r}: use one of {', '.join(THINKING_MODES)}",
+                              field="generation.thinking", value=opts.thinking)
+        if not 0.0 <= float(opts.thinking_ratio) <= 1.0 or not isinstance(opts.template_kwargs, dict):
+            raise ConfigError("generation.thinking_ratio must be within [0, 1] and generation.template_kwargs a JSON "
+                              "object", field="generation.thinking_ratio", value=opts.thinking_ratio)
         if opts.max_new_tokens < 1 or opts.temperature < 0:
             raise ConfigError("generation.max_new_tokens must be >= 1 and generation.temperature >= 0")
         return opts
 
     def to_dict(self) -> dict[str, Any]:
+        """The options as recorded; the thinking fields only when set (builds made before them keep their key)."""
         d = dataclasses.asdict(self)
         d["stop"] = list(self.stop)
+        for f in dataclasses.fields(self)[_THINKING_FIELDS:]:
+            if d[f.name] == (f.default_factory() if callable(f.default_factory) else f.default):
+                del d[f.name]
         return d
+
+    @property
+    def thinking_set(self) -> bool:
+        """Whether the build passes a thinking switch or template arguments (then replies are kept as generated)."""
+        return self.thinking != "template" or bool(self.template_kwargs)
+
+
+_THINKING_FIELDS = 7  # GenerationOptions' fields before the thinking ones
 
 
 @dataclass
@@ -128,6 +162,11 @@ class HiddenStatesConfig:
     teacher: str | None = _f(None, "topk:K: also store the target's top-K log-probs and logsumexp at loss-masked "
                                    "positions (computed on the engine's GPU)")
     store_final: bool = _f(True, "store hidden_final; false (with teacher) leaves it out: the teacher replaces it")
+    tags: bool = _f(False, "store per-sample tag columns (tag_source, tag_row, tag_mode, tag_turns, tag_tokens, "
+                           "tag_language): plain columns for datasets filters, plan/inspect and derive")
+    tag_columns: str | None = _f(None, "with tags: source columns copied as tag_<name> (comma-separated, e.g. category,lang)")
+    sample_stats: bool = _f(False, "after the build, write sample_stats.parquet: the teacher's entropy and flatness "
+                                   "per row at loss-masked positions (from hidden_final and lm_head, or the teacher)")
     on_nonfinite: NonfinitePolicy = _f("fail", "NaN/Inf in a state: stop the build (fail) or reject the sample")
     duplicates: DuplicatesPolicy = _f("keep", "a sample with the token ids and loss mask of an earlier one: capture it "
                                               "again (keep; counted in hs_dataset.json) or reject it (skip)")
@@ -181,6 +220,8 @@ class HiddenStatesConfig:
             GenerationOptions.from_config(self.generation)  # unknown or bad options fail here
         elif self.generation:
             raise ConfigError("generation options are set but responses='source': set responses=regenerate")
+        if self.tag_columns and not self.tags:
+            raise ConfigError("tag_columns needs tags=true (--set tags=true)", field="tag_columns", value=self.tag_columns)
         if self.compression != "none" and self.file_format != "arrow":
             raise ConfigError(f"compression={self.compression!r} is for arrow shards; parquet shards are coded with "
                               "byte planes + zstd already: leave compression out", field="compression",
@@ -198,6 +239,8 @@ class HiddenStatesConfig:
             key["row_tokens"] = self.row_tokens
         if self.responses != "source":  # only then: builds made before regeneration existed keep their key
             key.update(responses=self.responses, generation=GenerationOptions.from_config(self.generation).to_dict())
+        if self.tags or self.tag_columns:  # likewise: tag columns change the rows
+            key.update(tags=self.tags, tag_columns=self.tag_columns)
         if self.duplicates != "keep":  # likewise: builds made before duplicates existed keep their key
             key["duplicates"] = self.duplicates
         if self.compression != "none":  # likewise: the shards' bytes differ, a resumed build must not mix them

@@ -24,7 +24,7 @@ __all__ = [
     "COMPRESSIONS", "Compression", "DuplicatesPolicy", "FILE_FORMATS", "FINAL_COLUMN", "LAYER_PREFIX", "MASK_MODES",
     "META_FILE",
     "MESSAGES_COLUMN", "NONFINITE_POLICIES", "README_FILE", "REDACTED_FILE", "REJECTS_FILE", "RESPONSES_MODES",
-    "SAMPLE_TOKENS_COLUMN", "TEACHER_IDS_COLUMN", "TEACHER_LOGPROBS_COLUMN", "TEACHER_LSE_COLUMN",
+    "SAMPLE_STATS_FILE", "SAMPLE_TOKENS_COLUMN", "TEACHER_IDS_COLUMN", "TEACHER_LOGPROBS_COLUMN", "TEACHER_LSE_COLUMN",
     "TOKEN_START_COLUMN", "parse_teacher",
     "ResponsesMode", "SAMPLE_ID_MODES", "SHARD_RE", "STATE_DIR", "STORAGE_DTYPES", "TRUNCATION_MODES", "BackendName",
     "FileFormat", "MaskMode", "NonfinitePolicy",
@@ -60,6 +60,7 @@ DUPLICATES_POLICIES: tuple[str, ...] = get_args(DuplicatesPolicy)
 META_FILE = "hs_dataset.json"  # exists only in a finished build (written last)
 README_FILE = "README.md"
 REJECTS_FILE = "rejects.jsonl"
+SAMPLE_STATS_FILE = "sample_stats.parquet"  # the teacher's statistics per row (hs_dataset.derive.teacher_stats)
 DATA_DIR = "data"
 STATE_DIR = ".hs_build"  # resume state: part records, staging, lock; never published
 DAMAGED_FILE = "damaged.json"  # in STATE_DIR: parts a full verify found damaged; the next build redoes them

@@ -67,6 +67,7 @@ class TokenizedSample:
     loss_mask: np.ndarray  # uint8 [T]
     truncated: bool = False
     messages: str | None = None  # regenerate builds: the conversation the tokens render (JSON text)
+    tags: dict[str, Any] | None = None  # builds with tag columns: tag_<name> -> value (hs_dataset.prepare.tags)
 
     @property
     def num_tokens(self) -> int:

@@ -8,6 +8,7 @@
     hs-dataset push demo_out org/name --version v1.0
     hs-dataset versions org/name
     hs-dataset verify demo_out [--quick] [--probe 64] [--stats]   (or: hs-dataset verify org/name@v1.0)
+    hs-dataset derive demo_out [more ...] --output subset [--where FILTER] [--weights W,..] [--budget N]
     hs-dataset export demo_out --to specforge|speculators|modelopt out [--layers 1,29,57]
     hs-dataset import out --from specforge|speculators|modelopt demo_back [--model DIR] [--layers 1,29,57]
 
@@ -29,6 +30,7 @@ import traceback
 from hs_dataset._version import __version__
 from hs_dataset.cli.build import cmd_build
 from hs_dataset.cli.build import register as register_build
+from hs_dataset.cli.derive import register as register_derive
 from hs_dataset.cli.hub import dash_version
 from hs_dataset.cli.hub import register as register_hub
 from hs_dataset.cli.inspect import register as register_inspect
@@ -59,7 +61,7 @@ def make_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     common = common_parser()
     for register in (register_plan, register_build, register_scale, register_inspect, register_hub, register_verify,
-                     register_interop):
+                     register_interop, register_derive):
         register(sub, common)
     return ap
 

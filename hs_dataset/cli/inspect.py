@@ -66,6 +66,9 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         for line in table(head, rows):
             print(line)
         _print_quality(meta)
+        _print_tags(out, meta, c["written"])
+        if a.layers:
+            _print_layers(out, a.sample_rows)
         if a.plot:
             print(f"plot:      {plot_stats(stats, a.plot, title=str(out))}")
     elif a.plot:
@@ -93,6 +96,33 @@ def _print_quality(meta: dict) -> None:
         print(f"probe:     {p['rows']} rows (seed {p['seed']}) on {p['device']} at {p['at']}: {outcome}")
 
 
+def _print_tags(out: Path, meta: dict, rows: int) -> None:
+    """Rows by tag value (builds with tag columns: hs_dataset.prepare.tags)."""
+    from hs_dataset.cli.derive import print_tag_counts
+    from hs_dataset.derive.shards import plain_columns  # deferred: pyarrow
+    from hs_dataset.prepare.tags import count_tags
+
+    tags = plain_columns(out, meta)
+    names = [c for c in tags.column_names if c.startswith("tag_")]
+    counts: dict[str, dict] = {}
+    for row in tags.select(names).to_pylist() if names else []:
+        count_tags(counts, row)
+    print_tag_counts(counts, rows)
+
+
+def _print_layers(out: Path, rows: int) -> None:
+    """The layer pilot view (hs_dataset.derive.layer_pilot): per captured layer, norm and similarities."""
+    from hs_dataset.derive.layer_pilot import layer_pilot  # deferred: torch
+
+    stats = layer_pilot(out, rows=rows)
+    print(f"layers:    per captured layer, over the masked positions of {rows} sampled rows (pick aux layers: "
+          "docs/choosing-data.md)")
+    cells = [(s.layer, f"{s.norm:.4g}", "n/a" if s.cos_final is None else f"{s.cos_final:.3f}",
+              "" if s.cos_prev is None else f"{s.cos_prev:.3f}") for s in stats]
+    for line in table(("layer", "mean norm", "cos to final", "cos to previous"), cells):
+        print(line)
+
+
 def _print_schema(out: Path) -> None:
     import pyarrow as pa  # deferred: the command line starts without pyarrow
     import pyarrow.parquet as pq  # deferred: the command line starts without pyarrow
@@ -117,4 +147,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     i.add_argument("--sample-rows", type=int, default=32, metavar="N",
                    help="rows (spread over the build) read for the state statistics (default 32)")
     i.add_argument("--schema", action="store_true", help="also print the Arrow schema of the shards")
+    i.add_argument("--layers", action="store_true", help="the layer pilot view: per captured layer, its mean token norm "
+                                                         "and its cosine similarity to hidden_final and to the previous "
+                                                         "captured layer (to pick aux layers from a pilot build)")
     i.set_defaults(fn=cmd_inspect)

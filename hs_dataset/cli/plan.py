@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from hs_dataset.cli.options import ConfigHelp, add_config_args, add_progress_arg, make_config
+from hs_dataset.cli.derive import print_tag_counts
 from hs_dataset.cli.render import duplicates_line, histogram, print_rejects, size, table
 
 __all__ = ["cmd_plan", "duration", "register", "show_plan"]
@@ -114,6 +115,7 @@ def show_plan(config, a: argparse.Namespace) -> int:
               f"{size(rate * bpt)}/s to disk: a slower disk bounds it (docs/benchmarks.md)")
     else:
         print(f"time:     {what}")
+    print_tag_counts(p.tag_counts, p.sampled or len(p.lengths) or 1, " of the rows tokenized" if p.sampled else "")
     for note in p.notes:
         print(f"note:     {note}")
     if n:

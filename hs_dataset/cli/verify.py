@@ -71,14 +71,25 @@ def cmd_verify(a: argparse.Namespace) -> int:
             raise HubAccessError(f"{target}: no such build directory here; as a repo id: {e}") from None
         with hub_errors(repo_id=target):
             report = verify_repo(target, revision=revision, quick=a.quick, probe=probe, stats=a.stats)
+    sample_stats = None
+    if a.stats and report.ok and local.is_dir() and revision is None:  # per row, for derive (older versions too)
+        from hs_dataset.derive.teacher_stats import write_sample_stats  # deferred: torch
+
+        try:
+            sample_stats = str(write_sample_stats(target, model=a.model))
+        except MissingPathError as e:  # the shards verified; only the model's lm_head is not here
+            sample_stats = f"not written: {e}"
     if a.format == "json":
         print(json.dumps({"ok": report.ok, "where": report.where, "commit": report.commit, "shards": report.shards,
                           "rows": report.rows, "problems": [str(p) for p in report.problems], "repair": report.repair,
                           "probe": report.probe.to_record() if report.probe is not None else None,
-                          "statistics": report.scan.statistics if report.scan is not None else None}, indent=1))
+                          "statistics": report.scan.statistics if report.scan is not None else None,
+                          "sample_stats": sample_stats}, indent=1))
     else:
         print(report.message())
         _print_stats(report)
+        if sample_stats:
+            print(f"per-row teacher statistics: {sample_stats}")
     return 0 if report.ok else 1
 
 
@@ -115,7 +126,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     c.add_argument("--device", help="with --probe: cpu, cuda, cuda:1... (default: cuda when there is one)")
     c.add_argument("--stats", action="store_true", help="recount the statistics from every stored row and name each "
                                                         "row with NaN/Inf, saturated fp8 or an unrecorded duplicate "
-                                                        "(a repo: downloads the whole version)")
+                                                        "(a repo: downloads the whole version); a build: also writes "
+                                                        "sample_stats.parquet, the teacher's entropy per row (derive)")
     c.add_argument("--format", choices=("text", "json"), default="text", help="the outcome as text or JSON")
     add_progress_arg(c)
     c.set_defaults(fn=cmd_verify)

@@ -47,8 +47,9 @@ def check_storage_dtype(storage_dtype: str) -> StorageDtype:
 
 def make_features(layers: tuple[int, ...], hidden_size: int, storage_dtype: StorageDtype = "bfloat16", *,
                   messages: bool = False, long_rows: bool = False, teacher_k: int = 0,
-                  store_final: bool = True) -> Features:
-    """The dataset schema for these layers (``messages``: a regenerate build's conversation column;
+                  store_final: bool = True, tags: dict[str, str] | None = None) -> Features:
+    """The dataset schema for these layers (``tags``: tag columns and their dtypes, :mod:`hs_dataset.prepare.tags`;
+    ``messages``: a regenerate build's conversation column;
     ``long_rows``: a build whose samples may span several rows, with ``token_start`` and ``sample_tokens``;
     ``teacher_k``: the teacher's top-k columns; ``store_final=False``: no ``hidden_final``)."""
     check_storage_dtype(storage_dtype)
@@ -60,6 +61,7 @@ def make_features(layers: tuple[int, ...], hidden_size: int, storage_dtype: Stor
         "loss_mask": List(Value("uint8")),
         "num_tokens": Value("int32"),
     })
+    cols.update({name: Value(dtype) for name, dtype in (tags or {}).items()})
     if long_rows:
         cols[TOKEN_START_COLUMN] = Value("int32")
         cols[SAMPLE_TOKENS_COLUMN] = Value("int32")
@@ -176,6 +178,7 @@ def encode_row(result: CaptureResult, storage_dtype: StorageDtype = "bfloat16", 
         "num_tokens": n,
         TOKEN_START_COLUMN: a,
         SAMPLE_TOKENS_COLUMN: s.num_tokens,
+        **(s.tags or {}),
     }
     if teacher:
         if result.teacher is None or result.teacher[0].shape[0] != n:

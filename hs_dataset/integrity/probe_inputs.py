@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hs_dataset.codec.encode import fp8_decode
-from hs_dataset.config import HiddenStatesConfig, config_fields
+from hs_dataset.config import GenerationOptions, HiddenStatesConfig, config_fields
 from hs_dataset.errors import HsDatasetError, IntegrityError, SampleError
 from hs_dataset.integrity.checksums import check_shard
 from hs_dataset.integrity.scan import iter_shard_rows
@@ -22,7 +22,8 @@ from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.loss_mask import tokenize_sample
 from hs_dataset.prepare.sources import iter_source
 from hs_dataset.prepare.source_spec import resolve_source
-from hs_dataset.records import SourceRow, TokenizedSample
+from hs_dataset.prepare.thinking import tokenize_in_mode
+from hs_dataset.records import Conversation, SourceRow, TokenizedSample
 
 __all__ = ["Expected", "StoredRow", "expected_tokens", "hub_shard", "pick_rows", "read_rows"]
 
@@ -122,11 +123,20 @@ def expected_tokens(config: HiddenStatesConfig, tokenizer: Any, vocab_size: int,
     reason when the source cannot be read here."""
     found: Expected = {}
     if config.responses == "regenerate":
+        gen = GenerationOptions.from_config(config.generation)
         for r in rows:
             try:
                 conv = parse_row(SourceRow(r.sample_id, 0, {"messages": json.loads(r.messages or "[]")}))
             except (SampleError, ValueError) as e:
                 found[r.sample_id] = f"its stored messages do not parse ({e})"
+                continue
+            if gen.thinking_set and isinstance(conv, Conversation):  # the last reply as generated, in the row's mode
+                try:
+                    found[r.sample_id] = tokenize_in_mode(conv, tokenizer, gen, max_length=config.max_length,
+                                                          mask=config.mask, truncation=config.truncation,
+                                                          vocab_size=vocab_size)
+                except SampleError as e:
+                    found[r.sample_id] = f"{e.field}: {e.reason}"
                 continue
             found[r.sample_id] = _tokens(conv, config, tokenizer, vocab_size)
         return found, "tokens and loss mask retokenized from the stored messages"

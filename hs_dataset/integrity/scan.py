@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from hs_dataset.integrity.stats import PartStatistics, StatsCollector
 from hs_dataset.integrity.summary import LISTED, build_statistics, compare_statistics, merge_parts
-from hs_dataset.layout import DATA_DIR, DUPLICATE_STAGE, META_FILE, SHARD_RE, scale_column, state_columns
+from hs_dataset.layout import DATA_DIR, DUPLICATE_STAGE, MESSAGES_COLUMN, META_FILE, SHARD_RE, scale_column, state_columns
 from hs_dataset.prepare.duplicates import DuplicateIndex
 
 __all__ = ["Found", "ScanReport", "iter_shard_rows", "raw_row", "scan_build"]
@@ -55,6 +55,8 @@ def raw_row(batch: pa.RecordBatch, i: int) -> dict[str, Any]:
     """Row ``i`` of a shard's record batch as stored: ``id``, ``num_tokens``, ``input_ids``/``loss_mask`` and
     every state's bits (``[T, H]`` uint16 for bf16, uint8 fp8 codes with ``<column>_scale``), read-only views."""
     row: dict[str, Any] = {"id": batch.column("id")[i].as_py(), "num_tokens": int(batch.column("num_tokens")[i].as_py())}
+    if MESSAGES_COLUMN in batch.schema.names:  # a regenerate build's conversation: what verify --probe retokenizes
+        row[MESSAGES_COLUMN] = batch.column(MESSAGES_COLUMN)[i].as_py()
     for name in batch.schema.names:
         col = batch.column(name)
         if isinstance(col, pa.ExtensionArray) or pa.types.is_list(col.type) and pa.types.is_list(col.type.value_type):

@@ -77,11 +77,14 @@ if TYPE_CHECKING:
 __all__ = ["assistant_char_spans", "encode_bounded", "render_conversation", "tokenize_conversation", "tokenize_sample"]
 
 
-def render_conversation(tokenizer: PreTrainedTokenizerBase, messages: list[Message], *, add_generation_prompt: bool) -> str:
-    """Render ``messages`` with the tokenizer's chat template; a template failure is a SampleError."""
+def render_conversation(tokenizer: PreTrainedTokenizerBase, messages: list[Message], *, add_generation_prompt: bool,
+                        template_kwargs: dict | None = None) -> str:
+    """Render ``messages`` with the tokenizer's chat template (``template_kwargs``: the template's own arguments,
+    e.g. a thinking switch); a template failure is a SampleError."""
     chat = [m.as_chat() for m in messages]
     try:
-        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **(template_kwargs or {}))
     except Exception as e:  # jinja2 errors, raise_exception() in templates, TypeError...
         raise SampleError(
             "chat_template",
@@ -108,7 +111,7 @@ def assistant_char_spans(
 
 
 def _turn_spans(tokenizer: PreTrainedTokenizerBase, messages: list[Message], full: str,
-                mask: MaskMode) -> Iterator[tuple[int, int]]:
+                mask: MaskMode, template_kwargs: dict | None = None) -> Iterator[tuple[int, int]]:
     """The span of each masked assistant turn of ``messages`` in ``full`` (their full rendering), in
     turn order: each turn is rendered (``A`` and ``B`` of the module docstring) and checked only when
     its span is asked for."""
@@ -116,8 +119,10 @@ def _turn_spans(tokenizer: PreTrainedTokenizerBase, messages: list[Message], ful
     if mask == "last":
         turns = turns[-1:]
     for i in turns:
-        before = render_conversation(tokenizer, messages[:i], add_generation_prompt=True) if i > 0 else ""
-        upto = render_conversation(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        before = render_conversation(tokenizer, messages[:i], add_generation_prompt=True,
+                                     template_kwargs=template_kwargs) if i > 0 else ""
+        upto = render_conversation(tokenizer, messages[: i + 1], add_generation_prompt=False,
+                                   template_kwargs=template_kwargs)
         for name, text in (("prompt", before), ("reply", upto)):
             if not full.startswith(text):
                 at = _first_difference(full, text)

@@ -10,7 +10,9 @@ tokenize + mask stage like any other, so a reply's tokens are the tokenizer's en
 generated text (for byte-level BPE that is the generated ids, except where the model produced a
 non-canonical split of the same text). Reasoning models: the generated text, thinking included, is
 the reply's ``content``; how history turns show it is whatever the template renders for an earlier
-assistant turn (e.g. templates that drop earlier reasoning drop it here too).
+assistant turn (e.g. templates that drop earlier reasoning drop it here too). With a thinking switch
+(``generation.thinking``: :mod:`hs_dataset.prepare.thinking`) each sample's prompts are rendered in its
+mode, and its last reply is trained on as generated.
 
 Generation runs on the capture backend's own engine (``backend.generate``: SGLang requests that are
 not captured, since only prefill passes of capture requests are; transformers ``generate``), one part
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from hs_dataset.config import GenerationOptions
 from hs_dataset.errors import ConfigError, SampleError
 from hs_dataset.prepare.loss_mask import render_conversation
+from hs_dataset.prepare.thinking import sample_mode, template_kwargs
 from hs_dataset.records import Conversation, Message
 
 if TYPE_CHECKING:
@@ -113,6 +116,8 @@ def regenerate_conversations(convs: list[Conversation], tokenizer: PreTrainedTok
     """
 
     stops = stop_token_ids(tokenizer, options)
+    # each conversation's thinking mode and template arguments (hs_dataset.prepare.thinking)
+    kwargs = [template_kwargs(tokenizer, options, sample_mode(options, c.sample_id)) for c in convs]
     msgs: list[list[Message]] = [list(c.messages) for c in convs]
     out: list[Conversation | SampleError | None] = [None] * len(convs)
     turns = [[i for i, m in enumerate(c.messages) if m.role == "assistant"] for c in convs]
@@ -124,7 +129,7 @@ def regenerate_conversations(convs: list[Conversation], tokenizer: PreTrainedTok
                 continue
             i = turns[k][t]
             try:
-                text = render_conversation(tokenizer, msgs[k][:i], add_generation_prompt=True)
+                text = render_conversation(tokenizer, msgs[k][:i], add_generation_prompt=True, template_kwargs=kwargs[k])
             except SampleError as e:
                 out[k] = e
                 continue

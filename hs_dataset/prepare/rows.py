@@ -5,7 +5,7 @@ reject. The serial path (:func:`hs_dataset.prepare.samples.tokenized_samples`) a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hs_dataset.config import HiddenStatesConfig
@@ -13,6 +13,8 @@ from hs_dataset.errors import SampleError
 from hs_dataset.layout import MaskMode, TruncationMode
 from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.loss_mask import tokenize_sample
+from hs_dataset.prepare.source_spec import source_name
+from hs_dataset.prepare.tags import set_tags, source_tags, user_columns
 from hs_dataset.records import Reject, SourceRow, TokenizedSample
 
 if TYPE_CHECKING:
@@ -30,10 +32,14 @@ class TokenizeRules:
     mask: MaskMode
     truncation: TruncationMode
     vocab_size: int
+    tags: bool = False  # tag columns (hs_dataset.prepare.tags): the source's name, the user's columns
+    source: str = ""
+    tag_columns: tuple[str, ...] = field(default=())
 
     @classmethod
     def of(cls, config: HiddenStatesConfig, vocab_size: int) -> "TokenizeRules":
-        return cls(config.max_length, config.mask, config.truncation, int(vocab_size))
+        return cls(config.max_length, config.mask, config.truncation, int(vocab_size), config.tags,
+                   source_name(config.source) if config.tags else "", tuple(user_columns(config.tag_columns)))
 
 
 def prepare_row(row: SourceRow, tokenizer: PreTrainedTokenizerBase, rules: TokenizeRules) -> TokenizedSample | Reject:
@@ -44,7 +50,10 @@ def prepare_row(row: SourceRow, tokenizer: PreTrainedTokenizerBase, rules: Token
     except SampleError as e:
         return Reject(row.sample_id, e.field, e.reason, "source")
     try:
-        return tokenize_sample(parsed, tokenizer, max_length=rules.max_length, mask=rules.mask,
-                               truncation=rules.truncation, vocab_size=rules.vocab_size)
+        sample = tokenize_sample(parsed, tokenizer, max_length=rules.max_length, mask=rules.mask,
+                                 truncation=rules.truncation, vocab_size=rules.vocab_size)
     except SampleError as e:
         return Reject(row.sample_id, e.field, e.reason, "tokenize")
+    if rules.tags:
+        set_tags(sample, source_tags(row, rules.source, parsed, list(rules.tag_columns)), "source")
+    return sample

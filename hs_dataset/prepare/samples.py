@@ -18,7 +18,10 @@ from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.loss_mask import tokenize_sample
 from hs_dataset.prepare.regenerate import Generator, messages_json, regenerate_conversations
 from hs_dataset.prepare.rows import TokenizeRules, prepare_row
+from hs_dataset.prepare.source_spec import source_name
 from hs_dataset.prepare.sources import iter_source
+from hs_dataset.prepare.tags import set_tags, source_tags, tag_dtypes, user_columns
+from hs_dataset.prepare.thinking import sample_mode, tokenize_in_mode
 from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.records import Conversation, Reject, TokenizedSample
 
@@ -66,19 +69,33 @@ def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizer
                 yield index, result
         return
 
+    gen = GenerationOptions.from_config(cfg.generation)
+    tagged = bool(tag_dtypes(cfg.to_dict()))
+    name, columns = (source_name(cfg.source), user_columns(cfg.tag_columns)) if cfg.tags else ("", [])
+    row_tags: dict[int, dict] = {}
+
     def tokenized(index: int, sample_id: str, parsed: Conversation | TokenizedSample, stage: str):
+        mode = sample_mode(gen, sample_id)
         try:
-            sample = tokenize_sample(parsed, tokenizer, max_length=cfg.max_length, mask=cfg.mask,
-                                     truncation=cfg.truncation, vocab_size=vocab)
+            if gen.thinking_set and isinstance(parsed, Conversation):  # the last reply as generated
+                sample = tokenize_in_mode(parsed, tokenizer, gen, max_length=cfg.max_length, mask=cfg.mask,
+                                          truncation=cfg.truncation, vocab_size=vocab)
+            else:
+                sample = tokenize_sample(parsed, tokenizer, max_length=cfg.max_length, mask=cfg.mask,
+                                         truncation=cfg.truncation, vocab_size=vocab)
         except SampleError as e:
             on_reject(index, Reject(sample_id, e.field, e.reason, stage))
             return None
         sample.messages = messages_json(parsed)  # type: ignore[arg-type]
+        if tagged:
+            set_tags(sample, row_tags.pop(index, {}), mode)
         return sample
 
     for start, stop in ranges:
         parsed_rows: list[tuple[int, str, Conversation]] = []
         for row in iter_source(cfg.source, start=start or 0, stop=stop, sample_id=cfg.sample_id):
+            if cfg.tags:
+                row_tags[row.index] = source_tags(row, name, None, columns)
             try:
                 parsed = parse_row(row)
             except SampleError as e:
@@ -89,8 +106,11 @@ def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizer
                                             "regenerate (responses=regenerate needs conversations)", "regenerate"))
             else:
                 parsed_rows.append((row.index, row.sample_id, parsed))
+                if cfg.tags:
+                    row_tags[row.index]["tag_turns"] = sum(m.role == "assistant" for m in parsed.messages)
         if parsed_rows:
             yield from _regenerated(parsed_rows, tokenizer, generator, cfg, on_reject, tokenized)
+        row_tags.clear()  # the tags of this range's rejects
 
 
 def _regenerated(rows: list[tuple[int, str, Conversation]], tokenizer: PreTrainedTokenizerBase,

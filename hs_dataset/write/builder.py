@@ -33,6 +33,7 @@ from hs_dataset.model_info import ModelInfo
 from hs_dataset.prepare.duplicates import skip_duplicates
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.prepare.workers import TokenizeWorkers
+from hs_dataset.prepare.tags import tag_dtypes
 from hs_dataset.records import Counts, Reject, TokenizedSample
 
 __all__ = ["HiddenStatesBuilder", "HiddenStatesBuilderConfig", "writer_batch_rows"]
@@ -129,7 +130,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
             description=f"Hidden states of {r.info.architecture} ({r.info.path}) for EAGLE-3 drafter training",
             features=make_features(r.layers, r.info.hidden_size, r.storage_dtype,
                                    messages=r.config.responses == "regenerate", long_rows=r.long_rows,
-                                   teacher_k=r.teacher_k, store_final=r.config.store_final),
+                                   teacher_k=r.teacher_k, store_final=r.config.store_final,
+                                   tags=tag_dtypes(r.config.to_dict())),
         )
 
     def _split_generators(self, dl_manager: Any) -> list[datasets.SplitGenerator]:

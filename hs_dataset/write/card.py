@@ -64,13 +64,15 @@ def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format
     if "hidden_size" in model and "layers" in metadata:
         import datasets  # deferred: only the front matter's schema needs datasets (and torch)
         from hs_dataset.codec.encode import make_features  # deferred: as datasets
+        from hs_dataset.prepare.tags import tag_dtypes
 
         features = make_features(tuple(metadata["layers"]), int(model["hidden_size"]),
                                  metadata.get("storage_dtype", "bfloat16"),
                                  messages=(metadata.get("config") or {}).get("responses") == "regenerate",
                                  long_rows=bool(metadata.get("long_rows")),
                                  teacher_k=int((metadata.get("teacher") or {}).get("k", 0)),
-                                 store_final=metadata.get("store_final", True) is not False)
+                                 store_final=metadata.get("store_final", True) is not False,
+                                 tags=tag_dtypes(metadata.get("config") or {}))
         info = datasets.DatasetInfo(features=features)
         info.splits = datasets.SplitDict()
         info.splits.add(datasets.SplitInfo(name="train", num_bytes=num_bytes, num_examples=num_examples))

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from hs_dataset.errors import BuildLockedError, ForeignFilesError, OutputWriteError
-from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE, STATE_DIR
+from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SAMPLE_STATS_FILE, SHARD_RE, STATE_DIR
 from hs_dataset.prepare.source_spec import source_path
 
 __all__ = ['OUT_FILES', 'check_output', 'foreign', 'lock_output', 'ours_tmp', 'output_error']
@@ -28,7 +28,8 @@ __all__ = ['OUT_FILES', 'check_output', 'foreign', 'lock_output', 'ours_tmp', 'o
 TMP_RE = re.compile(r"^\..+\.tmp-\d+$")
 
 
-OUT_FILES = (META_FILE, README_FILE, REJECTS_FILE)  # the files a build writes at the top of its output
+# the files a build writes at the top of its output (sample_stats.parquet: with sample_stats, or verify --stats)
+OUT_FILES = (META_FILE, README_FILE, REJECTS_FILE, SAMPLE_STATS_FILE)
 
 
 def ours_tmp(folder_files: tuple[str, ...] | None, name: str) -> bool:

@@ -25,12 +25,14 @@ from hs_dataset.write.resolve import resolve_build, start_tokenize_workers
 from hs_dataset.write.resume import part_ranges
 from hs_dataset.capture.options import check_backend_options
 from hs_dataset.codec.encode import bytes_per_token
-from hs_dataset.config import HiddenStatesConfig
+from hs_dataset.config import GenerationOptions, HiddenStatesConfig
 from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo
 from hs_dataset.prepare.duplicates import DuplicateIndex, duplicate_reject, token_digests
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.prepare.source_spec import count_rows
+from hs_dataset.prepare.tags import MODE_TAG, count_tags
+from hs_dataset.prepare.thinking import sample_mode
 from hs_dataset.records import Reject
 
 __all__ = ["MEASURED_RATES", "SAMPLE_BLOCKS", "BuildPlan", "MeasuredRate", "ROW_BYTES_PER_TOKEN", "estimate_rate",
@@ -89,6 +91,7 @@ class BuildPlan:
     notes: list[str] = field(default_factory=list)
     sampled: int | None = None  # with a sample: the rows tokenized (the counts above are theirs)
     duplicates: DuplicateIndex = field(default_factory=DuplicateIndex)  # samples repeating an earlier one's tokens
+    tag_counts: dict[str, dict] = field(default_factory=dict)  # {tag column: {value: samples}} (tags, thinking modes)
 
     @property
     def tokens(self) -> int:
@@ -164,6 +167,7 @@ def plan_build(config: HiddenStatesConfig, *, sample: int | None = None, progres
                           "source's own replies instead (prompt lengths are exact, reply lengths are not)")
     if rows == 0:
         return plan
+    gen = GenerationOptions.from_config(config.generation if config.responses == "regenerate" else {})
 
     blocks = [(s, e) for _, s, e in ranges] if sample is None else sample_ranges(rows, sample)
     n_read = sum(e - s for s, e in blocks)
@@ -192,4 +196,7 @@ def plan_build(config: HiddenStatesConfig, *, sample: int | None = None, progres
             plan.truncated += bool(one.truncated)
             plan.part_samples[p] += 1
             plan.part_tokens[p] += one.num_tokens
+            if one.tags is not None or gen.thinking_set:  # a regenerate build's mode: the one it will write in
+                count_tags(plan.tag_counts, {**(one.tags or {}), **(
+                    {MODE_TAG: sample_mode(gen, one.sample_id)} if config.responses == "regenerate" else {})})
     return plan

@@ -1,0 +1,24 @@
+"""Beside the pipeline, after ``write``: choosing rows of finished versions, without capturing anything again.
+
+* :mod:`.shards` reads a version's rows as stored; :mod:`.teacher_stats` summarises the target's distribution per
+  row (``sample_stats.parquet``);
+* :mod:`.query` filters rows by tags and statistics and draws a mix; :mod:`.version` writes the derived version
+  (``from hs_dataset.derive import derive``, ``hs-dataset derive``);
+* :mod:`.layer_pilot`: per-layer statistics of a pilot build, to pick aux layers (``inspect --layers``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["DeriveSummary", "derive"]
+
+if TYPE_CHECKING:
+    from hs_dataset.derive.version import DeriveSummary, derive
+
+
+def __getattr__(name: str) -> Any:  # lazy: importing the package pulls in neither pyarrow nor torch
+    if name in __all__:
+        return getattr(importlib.import_module("hs_dataset.derive.version"), name)
+    raise AttributeError(f"module 'hs_dataset.derive' has no attribute {name!r}")
