@@ -38,8 +38,9 @@ def _print_stats(report) -> None:
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
-    from hs_dataset.hub.access import check_hub, hub_errors  # deferred: huggingface_hub
-    from hs_dataset.integrity.verify import ProbeOptions, verify_build, verify_repo  # deferred: torch, datasets
+    from hs_dataset.hub.access import check_hub  # deferred: huggingface_hub
+    from hs_dataset.hub.verify_remote import verify_repo  # deferred: huggingface_hub, torch, datasets
+    from hs_dataset.integrity.verify import ProbeOptions, verify_build  # deferred: torch, datasets
 
     target, revision = split_target(a.target, a.revision)
     local = Path(target)
@@ -66,8 +67,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
             if revision is not None:
                 raise
             raise HubAccessError(f"{target}: no such build directory here; as a repo id: {e}") from None
-        with hub_errors(repo_id=target):
-            report = verify_repo(target, revision=revision, quick=a.quick, probe=probe, stats=a.stats)
+        report = verify_repo(target, revision=revision, quick=a.quick, probe=probe, stats=a.stats)
     if a.format == "json":
         print(json.dumps({"ok": report.ok, "where": report.where, "commit": report.commit, "shards": report.shards,
                           "rows": report.rows, "problems": [str(p) for p in report.problems], "repair": report.repair,

@@ -13,8 +13,9 @@ in-memory tables) is writable already and is viewed as it is.
 
 Which file and offset an address belongs to comes from ``/proc/self/maps``, read once per
 :class:`SafeViews` (a read keeps the mappings of the tables it reads alive). Linux only: elsewhere
-every value is copied. Before the first value of a build's shard is handed out, the shard's content
-hash is checked against the build's record (:mod:`hs_dataset.read.shard_checks`).
+every value is copied. Before a value of a build's shard is handed out (mapped or copied), the blocks of
+the shard under it are hashed from that memory and checked against the build's record
+(:mod:`hs_dataset.read.shard_checks`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hs_dataset.read.shard_checks import ensure_intact
+from hs_dataset.read.shard_checks import BlockChecks
 
 __all__ = ["MIN_MAP_BYTES", "SafeViews", "libc_madvise"]
 
@@ -110,10 +111,12 @@ class SafeViews:
     Args:
         populate: read each mapped value's pages in when it is made (on the calling thread; the
             reader's read-ahead thread does this so the consumer never waits for the disk).
+        checks: the reader's pass of block checks (default: one of its own).
     """
 
-    def __init__(self, populate: bool = False):
+    def __init__(self, populate: bool = False, checks: BlockChecks | None = None):
         self.populate = populate
+        self.checks = checks or BlockChecks()
         self._starts: list[int] = []
         self._ranges: list[tuple[int, int, int, bytes]] = []  # (end, file offset at start, inode, path)
         self._fds: dict[tuple[bytes, int], Any] = {}
@@ -130,21 +133,34 @@ class SafeViews:
                 self._ranges.append((int(b, 16), int(off, 16), int(inode), path))
 
     def _locate(self, addr: int, nbytes: int) -> Any:
-        """None (no file backs ``addr``), ``_COPY``, or ``(fd, file offset)``."""
+        """None (no file backs ``addr``), ``_COPY``, or ``(fd, file offset)``; a shard's bytes are checked first."""
         if not self._linux:
             return _COPY
         k = bisect.bisect_right(self._starts, addr) - 1
         if k < 0 or addr >= self._ranges[k][0]:
             return None  # in no file mapping
-        if addr + nbytes > self._ranges[k][0]:
-            return _COPY  # runs past this mapping's line (a mapping split in two): a copy, never a bare view
         end, file_off, inode, path = self._ranges[k]
         fd = self._fds.get((path, inode))
         if fd is None:
             fd = self._fds[path, inode] = self._open(path, inode)
-        if fd is _COPY or file_off + addr - self._starts[k] + nbytes > os.fstat(fd).st_size:
+        size = None if fd is _COPY else os.fstat(fd).st_size
+        offset = file_off + addr - self._starts[k]
+        self.checks.check(os.fsdecode(path), inode, offset, nbytes, self._memory(k, fd), size)
+        if addr + nbytes > end:
+            return _COPY  # runs past this mapping's line (a mapping split in two): a copy, never a bare view
+        if size is None or offset + nbytes > size:
             return _COPY
-        return fd, file_off + addr - self._starts[k]
+        return fd, offset
+
+    def _memory(self, k: int, fd: Any) -> Any:
+        """File range -> its bytes as mapping line ``k`` maps them (read from ``fd`` where the line ends first)."""
+        start, (end, file_off, _, _) = self._starts[k], self._ranges[k]
+
+        def memory(offset: int, n: int) -> Any:
+            if file_off <= offset and offset + n <= file_off + end - start:
+                return (ctypes.c_char * n).from_address(start + offset - file_off)
+            return None if fd is _COPY else os.pread(fd, n, offset)
+        return memory
 
     @staticmethod
     def _open(path: bytes, inode: int) -> Any:
@@ -154,15 +170,9 @@ class SafeViews:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             return _COPY
-        st = os.fstat(fd)
-        if st.st_ino != inode:  # the path now names another file than the one mapped
+        if os.fstat(fd).st_ino != inode:  # the path now names another file than the one mapped
             os.close(fd)
             return _COPY
-        try:
-            ensure_intact(os.fsdecode(path), st)  # a damaged shard's rows are never handed out
-        except BaseException:
-            os.close(fd)
-            raise
         return fd
 
     def tensor(self, arr: np.ndarray) -> torch.Tensor:

@@ -18,7 +18,8 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from hs_dataset.write.driver import build
 from hs_dataset.errors import ForeignFilesError, IntegrityError
 from hs_dataset.hub.publish import push_dataset
-from hs_dataset.integrity.verify import repair_command, verify_build, verify_repo
+from hs_dataset.hub.verify_remote import verify_repo
+from hs_dataset.integrity.verify import repair_command, verify_build
 from hs_dataset.layout import DAMAGED_FILE, STATE_DIR
 from hs_dataset.read.open import open_dataset
 from tests.fakehub.server import running_hub
