@@ -87,6 +87,17 @@ class VerifiedFile(io.RawIOBase):
         self._buf = self._buf[n:]
         return n
 
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes (all that is left when negative): short only at the end (Arrow needs whole reads)."""
+        parts: list[bytes] = []
+        want = -1 if size is None else size
+        while want != 0 and (self._buf or self._next_block()):
+            n = len(self._buf) if want < 0 else min(want, len(self._buf))
+            parts.append(bytes(self._buf[:n]))
+            self._buf = self._buf[n:]
+            want = want - n if want > 0 else want
+        return b"".join(parts)
+
     def finish(self) -> None:
         """Read what is left (past the Arrow stream's end) and check the size, and a format 1 shard's whole hash."""
         while self._next_block():
