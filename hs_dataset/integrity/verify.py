@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,14 +39,15 @@ from typing import Any
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.integrity.metadata import check_metadata
 from hs_dataset.errors import IntegrityError, NotABuildError
-from hs_dataset.integrity.checksums import HASH_KEY, check_shard
+from hs_dataset.integrity.checksums import BLOCKS_KEY, HASH_KEY, check_shard
 from hs_dataset.records import Counts
 from hs_dataset.integrity.probe import ProbeReport
 from hs_dataset.integrity.quality import ProbeOptions, record_probe, recorded_probe_problems, run_checks
 from hs_dataset.integrity.scan import ScanReport
-from hs_dataset.layout import DATA_DIR, META_FILE, SHARD_RE, STATE_DIR
+from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, SHARD_RE, STATE_DIR
 
-__all__ = ["ProbeOptions", "Problem", "VerifyReport", "check_files", "check_listing", "damage_of", "data_files", "read_meta",
+__all__ = ["ProbeOptions", "Problem", "VerifyReport", "check_files", "check_records", "check_listing", "damage_of",
+           "data_files", "read_meta",
            "recorded_shards", "repair_command", "verify_build"]
 
 # how a build command names its output: --output and the prefixes argparse takes for it (--o is ambiguous), -o
@@ -193,6 +195,53 @@ def check_files(root: Path, meta: dict[str, Any], *, quick: bool,
     return problems, rows
 
 
+_SHARD_KEYS = ("bytes", "rows", HASH_KEY, BLOCKS_KEY)  # what every record of a shard must agree on
+
+
+def check_records(root: Path, meta: dict[str, Any]) -> list[Problem]:
+    """Every other record of the shards against ``hs_dataset.json``'s: the part records and the copy in
+    ``.hs_build/`` (a local build), and the card's checksum table. An edit of a shard together with its entry
+    in ``hs_dataset.json`` and the card still disagrees with the part record the build wrote (and with the
+    entry's block hashes: :func:`~hs_dataset.integrity.checksums.check_shard`); a rewrite of every record
+    is beyond these checks (``verify --probe`` compares rows with the model's states)."""
+    problems: list[Problem] = []
+    listed = {s["name"]: s for s in recorded_shards(meta, str(root))}
+    others: list[tuple[str, dict[str, dict[str, Any]]]] = []
+    for rec in sorted((root / STATE_DIR / "parts").glob("part-*.json")):
+        try:
+            files = json.loads(rec.read_text(encoding="utf-8")).get("files") or []
+            others.append((f"{STATE_DIR}/parts/{rec.name}", {f["name"]: f for f in files}))
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+            problems.append(Problem(f"{STATE_DIR}/parts/{rec.name}", "cannot be read (damaged): rebuild its part",
+                                    _part(rec.name.replace("part-", "train-"))))
+    if others:
+        owned = {name for _, files in others for name in files}
+        problems += [Problem(f"{DATA_DIR}/{n}", f"is in {META_FILE} but in no part record ({STATE_DIR}/parts): "
+                             f"{META_FILE} was edited", _part(n)) for n in sorted(set(listed) - owned)]
+    copy = root / STATE_DIR / META_FILE
+    if copy.is_file():
+        try:
+            others.append((f"{STATE_DIR}/{META_FILE}", {s["name"]: s for s in json.loads(copy.read_text("utf-8"))
+                                                        .get("shards") or []}))
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+            problems.append(Problem(f"{STATE_DIR}/{META_FILE}", "cannot be read: run the build command again"))
+    card = root / README_FILE
+    if card.is_file():
+        text = card.read_text(encoding="utf-8")
+        hashed = {n: {HASH_KEY: h} for n, h in re.findall(r"^\| `([^`]+)` \| [^|]* \| [^|]* \| `([0-9a-f]+)` \|$",
+                                                           text, re.M)}
+        if hashed:
+            others.append((README_FILE, hashed))
+    for where, files in others:
+        for name, entry in files.items():
+            mine = listed.get(name)
+            wrong = [k for k in _SHARD_KEYS if mine is not None and k in entry and k in mine and entry[k] != mine[k]]
+            if wrong:
+                problems.append(Problem(f"{DATA_DIR}/{name}", f"its {', '.join(wrong)} in {META_FILE} differ from "
+                                        f"{where}'s (one of the records was edited)", _part(name)))
+    return problems
+
+
 def repair_command(command: str, root: Path) -> str:
     """The recorded build ``command`` made to repair ``root``, the directory verified (a copy of a build
     keeps the command of the original): its ``--output``/``-o`` value (an import's OUT) replaced by
@@ -251,6 +300,7 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
     if not probe.rows:
         problems += [Problem(*f) for f in recorded_probe_problems(meta)]
     problems += [Problem(name, what) for name, what in check_metadata(root, meta)]
+    problems += [p for p in check_records(root, meta) if str(p) not in {str(q) for q in problems}]
     shards = recorded_shards(meta, str(root))
     report = VerifyReport(str(root), quick, len(shards), rows, problems, probe=probed, scan=scan)
     command = meta.get("build_command")
