@@ -136,7 +136,7 @@ def test_a_flip_beyond_the_quick_check_is_found_by_verify_by_a_rerun_and_by_the_
     assert shard.stat().st_size > 3 * 2**20  # the middle is beyond the first and last MiB
     flip_middle(shard)
     assert verify_build(out, quick=True).ok  # the documented blind spot of the quick check
-    with pytest.raises(IntegrityError, match="train-00000-000.arrow: block \d+ .* differs from the blocks_xxh3_64"):
+    with pytest.raises(IntegrityError, match=r"train-00000-000.arrow: block \d+ .* differs from the blocks_xxh3_64"):
         next(iter(iter_torch(open_dataset(out))))
     with pytest.raises(IntegrityError, match="train-00000-000.arrow"):
         open_dataset(out).with_format(TORCH_FORMAT)[0]
