@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hs_dataset.codec.encode import fp8_decode
+from hs_dataset.codec.rows import state_from_bits
 from hs_dataset.config import HiddenStatesConfig, config_fields
 from hs_dataset.errors import HsDatasetError, SampleError
 from hs_dataset.integrity.scan import iter_shard_rows
@@ -50,11 +50,10 @@ class StoredRow:
 
 def _decode(row: dict[str, Any], column: str) -> torch.Tensor:
     bits = torch.from_numpy(np.array(row[column]))  # a copy: the shard's mapping may close
-    if bits.dtype == torch.uint8:
-        scale = torch.from_numpy(np.array(row[scale_column(column)], dtype=np.float32))
-        n = min(bits.shape[0], scale.shape[0])  # a row of inconsistent lengths is named, not decoded past its end
-        return fp8_decode(bits[:n], scale[:n])
-    return bits.view(torch.bfloat16)
+    if bits.dtype == torch.uint8:  # a row of inconsistent lengths is named, not decoded past its end
+        bits = bits[:len(row.get(scale_column(column), ()))]
+    return state_from_bits(bits, lambda: torch.from_numpy(np.array(row[scale_column(column)][:len(bits)],
+                                                                   dtype=np.float32)), column=column)
 
 
 def read_rows(meta: dict[str, Any], rows: list[int], shard_path: Callable[[dict[str, Any]], Path]) -> list[StoredRow]:
