@@ -17,12 +17,14 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -60,30 +62,39 @@ def read_epoch(target: str, batch: int, streaming: bool) -> None:
             b = collate(rows)
             nbytes += b["hidden_states"].numel() * 2 + b["aux_hidden_states"].numel() * 2
             rows = []
-    print(json.dumps({"bytes": nbytes, "seconds": time.perf_counter() - t0}))
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"bytes": nbytes, "seconds": time.perf_counter() - t0, "cpu_seconds": use.ru_utime + use.ru_stime}))
 
 
-def paired(reps: int, run: "callable") -> dict:
-    """``reps`` pairs (even), each order as often: GB/s of each mode and the geometric mean of the ratios."""
+def paired(reps: int, run: Callable[[str], tuple[float, float]]) -> dict:
+    """``reps`` pairs (even), each order as often: GB/s of each mode, the geometric mean of the ratios, and the
+    CPU seconds of each run (the work itself, steadier than the wall clock on a shared machine)."""
     runs: dict[str, list[float]] = {"checked": [], "unchecked": []}
+    cpu: dict[str, list[float]] = {"checked": [], "unchecked": []}
     reps += reps % 2
     for rep in range(reps):
         for mode in ("checked", "unchecked") if rep % 2 == 0 else ("unchecked", "checked"):
-            runs[mode].append(run(mode))
+            gbs, cpu_s = run(mode)
+            runs[mode].append(gbs)
+            cpu[mode].append(cpu_s)
     return {"GB/s": {k: {"best": round(max(v), 3), "median": round(statistics.median(v), 3),
                          "all": [round(x, 3) for x in v]} for k, v in runs.items()},
             "ratio_checked_to_unchecked": round(statistics.geometric_mean(
-                [c / u for c, u in zip(runs["checked"], runs["unchecked"])]), 3), "pairs": reps}
+                [c / u for c, u in zip(runs["checked"], runs["unchecked"])]), 3),
+            "ratio_of_bests": round(max(runs["checked"]) / max(runs["unchecked"]), 3),
+            "cpu_seconds": {k: [round(x, 2) for x in v] for k, v in cpu.items()},
+            "cpu_ratio_unchecked_to_checked": round(statistics.median(cpu["unchecked"])
+                                                    / statistics.median(cpu["checked"]), 3), "pairs": reps}
 
 
-def child(target: str, batch: int, mode: str, env: dict[str, str], streaming: bool = False) -> float:
+def child(target: str, batch: int, mode: str, env: dict[str, str], streaming: bool = False) -> tuple[float, float]:
     env = dict(env, HS_DATASET_CHECK_SHARDS="1" if mode == "checked" else "0")
     cmd = [sys.executable, __file__, "--child", target, "--batch", str(batch)] + (["--streaming"] if streaming else [])
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode:
         raise SystemExit(r.stderr[-3000:])
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    return res["bytes"] / res["seconds"] / 1e9
+    return res["bytes"] / res["seconds"] / 1e9, res["cpu_seconds"]
 
 
 def main() -> int:
@@ -109,7 +120,7 @@ def main() -> int:
         work = Path(d)
         out = build_input(work, shape, a.shard_mb)
 
-        def local(mode: str) -> float:
+        def local(mode: str) -> tuple[float, float]:
             if not a.hot:
                 drop_cache(data_files(out))
             return child(str(out), a.batch, mode, dict(os.environ))
@@ -117,6 +128,7 @@ def main() -> int:
         result = {"setup": {"samples": shape.samples, "tokens": a.tokens, "hidden": a.hidden, "states": 4,
                             "payload_gb": round(shape.payload / 1e9, 2), "shards": len(data_files(out)),
                             "page_cache": "hot" if a.hot else "dropped before each run", "cpus": os.cpu_count(),
+                            "load_average_at_start": os.getloadavg()[0],
                             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
                                        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"},
                   "first_epoch_local": paired(a.reps, local)}
