@@ -36,7 +36,7 @@ _EXPORTS = {
     "open_dataset": "hs_dataset.read.open",
     "iter_torch": "hs_dataset.read.iterate", "decode_row": "hs_dataset.read.decode",
     "DrafterCollator": "hs_dataset.read.collate",
-    "verify_build": "hs_dataset.integrity.verify", "verify_repo": "hs_dataset.integrity.verify",
+    "verify_build": "hs_dataset.integrity.verify", "verify_repo": "hs_dataset.hub.verify_remote",
     "ProbeOptions": "hs_dataset.integrity.verify",
     "export_specforge": "hs_dataset.interop", "export_dataset": "hs_dataset.interop",
     "import_dataset": "hs_dataset.interop",
@@ -62,7 +62,8 @@ if TYPE_CHECKING:  # what the lazy __getattr__ below gives, for type checkers an
     from hs_dataset.hub.object_push import push_objects
     from hs_dataset.hub.publish import push_dataset
     from hs_dataset.hub.versions import list_versions
-    from hs_dataset.integrity.verify import ProbeOptions, verify_build, verify_repo
+    from hs_dataset.hub.verify_remote import verify_repo
+    from hs_dataset.integrity.verify import ProbeOptions, verify_build
     from hs_dataset.interop import export_dataset, export_specforge, import_dataset
     from hs_dataset.read.collate import DrafterCollator
     from hs_dataset.read.decode import decode_row

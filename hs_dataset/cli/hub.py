@@ -51,7 +51,7 @@ def quiet_hub(no_progress: bool) -> None:
 def push(build_dir: str, repo_id: str, version: str, *, force: bool, as_json: bool = False) -> None:
     """Check what can be checked here (the version name, the repo id, the build), then the Hub (token,
     endpoint), push, print the outcome in a few lines (or JSON)."""
-    from hs_dataset.hub.access import check_hub, endpoint_of, hub_errors, require_token  # deferred: huggingface_hub
+    from hs_dataset.hub.access import check_hub, endpoint_of, require_token  # deferred: huggingface_hub
     from hs_dataset.hub.publish import push_dataset  # deferred: imports torch, datasets
     from hs_dataset.hub.uploads import read_build  # deferred: imports huggingface_hub
 
@@ -60,8 +60,7 @@ def push(build_dir: str, repo_id: str, version: str, *, force: bool, as_json: bo
     require_token()
     read_build(build_dir)  # a finished build here, before the network is asked anything
     user = check_hub(need_token=True)
-    with hub_errors(repo_id=repo_id):
-        r = push_dataset(build_dir, repo_id, version, force=force)
+    r = push_dataset(build_dir, repo_id, version, force=force)  # Hub failures: HubAccessError, printed by main
     if as_json:
         print(json.dumps(dataclasses.asdict(r), indent=1))
         return
@@ -91,15 +90,14 @@ def cmd_push(a: argparse.Namespace) -> int:
 
 
 def cmd_versions(a: argparse.Namespace) -> int:
-    from hs_dataset.hub.access import check_hub, hub_errors  # deferred: huggingface_hub
+    from hs_dataset.hub.access import check_hub  # deferred: huggingface_hub
     from hs_dataset.hub.versions import list_versions  # deferred: imports torch, datasets
 
     if "://" in a.repo_id:  # object storage (s3://, gs://, any fsspec URL)
         return store_versions(a)
     check_repo_id(a.repo_id)
     check_hub(need_token=False)
-    with hub_errors(repo_id=a.repo_id):
-        versions = list_versions(a.repo_id)
+    versions = list_versions(a.repo_id)
     if a.format == "json":
         print(json.dumps([{k: v for k, v in dataclasses.asdict(x).items() if k != "metadata"} for x in versions],
                          indent=1))

@@ -39,8 +39,9 @@ def _print_stats(report) -> None:
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
-    from hs_dataset.hub.access import check_hub, hub_errors  # deferred: huggingface_hub
-    from hs_dataset.integrity.verify import ProbeOptions, verify_build, verify_repo  # deferred: torch, datasets
+    from hs_dataset.hub.access import check_hub  # deferred: huggingface_hub
+    from hs_dataset.hub.verify_remote import verify_repo  # deferred: huggingface_hub, torch, datasets
+    from hs_dataset.integrity.verify import ProbeOptions, verify_build  # deferred: torch, datasets
 
     target, revision = split_target(a.target, a.revision)
     if "://" in target:  # object storage (s3://, gs://, any fsspec URL)
@@ -69,8 +70,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
             if revision is not None:
                 raise
             raise HubAccessError(f"{target}: no such build directory here; as a repo id: {e}") from None
-        with hub_errors(repo_id=target):
-            report = verify_repo(target, revision=revision, quick=a.quick, probe=probe, stats=a.stats)
+        report = verify_repo(target, revision=revision, quick=a.quick, probe=probe, stats=a.stats)
     sample_stats = None
     if a.stats and report.ok and local.is_dir() and revision is None:  # per row, for derive (older versions too)
         from hs_dataset.derive.teacher_stats import write_sample_stats  # deferred: torch

@@ -2,15 +2,20 @@
 
 :func:`check_hub` runs before any work of ``push`` / ``versions`` / ``verify REPO`` (a push hashes
 the whole build first): a missing token, an endpoint that cannot be reached and a token the Hub
-refuses are each one :class:`~hs_dataset.errors.HubAccessError`. :func:`hub_errors` turns what
-``huggingface_hub`` raises later (401, 403, 404, 5xx, a dropped connection) into the same kind of
-error. The token is never part of a message.
+refuses are each one :class:`~hs_dataset.errors.HubAccessError`. :func:`hub_error` is the one place that
+turns what ``huggingface_hub`` raises (401, 403, 404, 5xx, a dropped connection, a malformed repo id) into
+that error, as ``huggingface_hub``'s own ``utils/_http.py`` turns HTTP answers into its errors; every
+public function of :mod:`hs_dataset.hub` (``push_dataset``, ``list_versions``, ``download_version``,
+``verify_repo``) and :func:`~hs_dataset.read.open_dataset` raise it (:func:`hub_call`,
+:func:`hub_errors`); the command line only prints it. The token is never part of a message.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import functools
+import inspect
+from typing import Any, Callable, Iterator, TypeVar
 
 import huggingface_hub.constants as hconst
 from huggingface_hub import HfApi, get_token
@@ -19,7 +24,7 @@ from huggingface_hub.utils import get_session
 
 from hs_dataset.errors import HubAccessError
 
-__all__ = ["check_hub", "endpoint_of", "hub_error", "hub_errors", "require_token"]
+__all__ = ["check_hub", "endpoint_of", "hub_call", "hub_error", "hub_errors", "require_token"]
 
 LOGIN = "set HF_TOKEN or run `hf auth login`"
 
@@ -55,6 +60,9 @@ def hub_error(e: BaseException, endpoint: str | None = None, repo_id: str | None
             return HubAccessError(f"{ep} answered {status}{said}: the Hub has a problem; run the same command "
                                   "again later (a push resumes)")
         return HubAccessError(f"{what}: the Hub answered {status}{said}")
+    if isinstance(e, herr.HFValidationError):
+        return HubAccessError(f"{repo_id!r} is not a Hub repo id ({str(e).splitlines()[0]}): give `org/name`, or "
+                              "the path of a build directory")
     if isinstance(e, herr.HTTPError):  # no answer at all: connection refused, DNS, timeout...
         return HubAccessError(f"cannot reach {ep} ({type(e).__name__}: {str(e)[:120]}): check HF_ENDPOINT and "
                               "the network, then run the same command again")
@@ -71,6 +79,21 @@ def hub_errors(endpoint: str | None = None, repo_id: str | None = None) -> Itera
         if err is None:
             raise
         raise err from e
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def hub_call(fn: F) -> F:
+    """``fn`` raising Hub failures as :func:`hub_error` names them, with its ``repo_id`` and ``endpoint`` arguments."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind_partial(*args, **kwargs).arguments
+        with hub_errors(bound.get("endpoint"), bound.get("repo_id")):
+            return fn(*args, **kwargs)
+    return call  # type: ignore[return-value]
 
 
 def require_token(*, token: str | None = None, endpoint: str | None = None) -> str:

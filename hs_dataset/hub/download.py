@@ -11,8 +11,10 @@ cache and nothing is converted into the ``datasets`` cache. The default folder i
 Opened again, a file already downloaded for that commit is not fetched again (``huggingface_hub``'s record of
 it under ``<folder>/.cache/huggingface/`` names the commit: no request is made for it); a download killed
 midway resumes at the files it had not finished (the file it was writing starts over; the partial copy
-it left is removed by the next download). What was fetched is returned, so that the reader checks those
-files' content hashes at once (:mod:`hs_dataset.read.open`).
+it left is removed by the next download). Every shard fetched is hashed as soon as it is on disk (whole and
+per block, :func:`~hs_dataset.integrity.checksums.check_shard`); a damaged one is deleted and refused, so that
+the next call downloads it again. ``verify_repo`` (:mod:`hs_dataset.hub.verify_remote`) and
+:func:`~hs_dataset.read.open_dataset` share this folder: a version verified and then opened is on disk once.
 """
 
 from __future__ import annotations
@@ -25,15 +27,16 @@ from pathlib import Path
 
 import huggingface_hub.constants as hconst
 from huggingface_hub import HfApi
-from huggingface_hub.errors import EntryNotFoundError, HFValidationError
+from huggingface_hub.errors import EntryNotFoundError
 
-from hs_dataset.errors import HubAccessError, NotABuildError, OutputWriteError
-from hs_dataset.hub.access import hub_errors
+from hs_dataset.errors import IntegrityError, NotABuildError, OutputWriteError
+from hs_dataset.hub.access import hub_call
 from hs_dataset.hub.versions import REPO_TYPE, remote_files
-from hs_dataset.integrity.verify import VerifyReport, check_listing, read_meta, recorded_shards
+from hs_dataset.integrity.checksums import check_shard
+from hs_dataset.integrity.verify import Problem, VerifyReport, check_listing, read_meta, recorded_shards
 from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE
 
-__all__ = ["LocalVersion", "default_version_dir", "download_version"]
+__all__ = ["LocalVersion", "RemoteVersion", "default_version_dir", "download_version", "remote_version"]
 
 # what a version's reader needs; anything else a repo holds (a .gitattributes, files added by hand) stays on the Hub
 VERSION_FILES = [META_FILE, README_FILE, REJECTS_FILE, f"{DATA_DIR}/*"]
@@ -69,6 +72,60 @@ def default_version_dir(repo_id: str, commit: str) -> Path:
     return Path(hconst.HF_HOME) / "hs_dataset" / "versions" / repo_id.replace("/", "--") / commit
 
 
+@dataclass(frozen=True)
+class RemoteVersion:
+    """A version resolved on the Hub, its ``hs_dataset.json`` fetched into ``folder`` and its listing compared.
+
+    Attributes:
+        repo_id, revision, commit: the repository, the revision asked for (``main`` when none was), its commit.
+        folder: where the version's files are (or go): ``hs_dataset.json`` is there already.
+        meta: that ``hs_dataset.json``.
+        listing: the Hub's ``data/`` files against it (``ok``: every recorded shard there at its size, no other).
+    """
+
+    repo_id: str
+    revision: str
+    commit: str
+    folder: Path
+    meta: dict
+    listing: VerifyReport
+
+    @property
+    def where(self) -> str:
+        return f"{self.repo_id}@{self.revision} ({self.commit})"
+
+
+@hub_call
+def remote_version(repo_id: str, *, revision: str | None = None, token: str | None = None,
+                   endpoint: str | None = None, local_dir: str | os.PathLike | None = None) -> RemoteVersion:
+    """Resolve a version, fetch its ``hs_dataset.json`` (into ``local_dir``, default :func:`default_version_dir`)
+    and compare the Hub's listing with it; no shard is fetched.
+
+    Raises:
+        HubAccessError: not a repo id, or the Hub cannot be reached or refuses (one line each, with the fix).
+        NotABuildError: the revision holds no ``hs_dataset.json``.
+    """
+    api = HfApi(endpoint=endpoint, token=token)
+    commit = api.dataset_info(repo_id, revision=revision).sha
+    assert commit is not None, "the Hub answered a dataset's info without its commit"
+    folder = Path(local_dir) if local_dir is not None else default_version_dir(repo_id, commit)
+    where = f"{repo_id}@{revision or 'main'} ({commit})"
+    try:
+        api.hf_hub_download(repo_id, META_FILE, repo_type=REPO_TYPE, revision=commit, local_dir=folder)
+    except EntryNotFoundError:
+        raise NotABuildError(f"{where} holds no {META_FILE}: not an hs_dataset version") from None
+    meta = read_meta(folder)
+    prefix = DATA_DIR + "/"
+    present = {p[len(prefix):]: int(f.size) for p, f in remote_files(api, repo_id, commit).items()
+               if p.startswith(prefix)}
+    problems, rows = check_listing(meta, present, where)
+    listing = VerifyReport(where, True, len(recorded_shards(meta, where)), rows, problems, commit=commit,
+                           repair=f"Nothing of it was downloaded. The published files differ from their {META_FILE}: "
+                                  "the publisher rebuilds the named parts and pushes the version again with --force.")
+    return RemoteVersion(repo_id, revision or "main", commit, folder, meta, listing)
+
+
+@hub_call
 def download_version(repo_id: str, *, revision: str | None = None, token: str | None = None,
                      endpoint: str | None = None, local_dir: str | os.PathLike | None = None) -> LocalVersion:
     """Download a published version's files once into a folder (see the module), checked against its listing first.
@@ -86,45 +143,39 @@ def download_version(repo_id: str, *, revision: str | None = None, token: str | 
         HubAccessError: not a repo id, or the Hub cannot be reached or refuses (one line each, with the fix).
         NotABuildError: the revision holds no ``hs_dataset.json``.
         IntegrityError: the Hub's files differ from what the version's ``hs_dataset.json`` records
-            (nothing of the shards is downloaded then).
+            (nothing of the shards is downloaded then), or a shard downloaded differs from its hashes (it is
+            deleted: call again to download it again).
         OutputWriteError: the disk under the folder has too little space left for the files still to fetch.
     """
-    api = HfApi(endpoint=endpoint, token=token)
-    with hub_errors(endpoint, repo_id):
-        try:
-            commit = api.dataset_info(repo_id, revision=revision).sha
-        except HFValidationError as e:
-            raise HubAccessError(f"{repo_id!r} is not a Hub repo id ({str(e).splitlines()[0]}): give `org/name`, or "
-                                 "the path of a build directory") from None
-        assert commit is not None, "the Hub answered a dataset's info without its commit"
-        folder = Path(local_dir) if local_dir is not None else default_version_dir(repo_id, commit)
-        where = f"{repo_id}@{revision or 'main'} ({commit})"
-        try:
-            api.hf_hub_download(repo_id, META_FILE, repo_type=REPO_TYPE, revision=commit, local_dir=folder)
-        except EntryNotFoundError:
-            raise NotABuildError(f"{where} holds no {META_FILE}: not an hs_dataset version") from None
-        meta = read_meta(folder)
-        _check_remote_listing(api, repo_id, commit, meta, where)
-        _remove_stale_partials(folder)
-        _check_space(folder, meta)
-        before = _file_states(folder)
-        api.snapshot_download(repo_id, repo_type=REPO_TYPE, revision=commit, local_dir=folder,
-                              allow_patterns=VERSION_FILES)
+    remote = remote_version(repo_id, revision=revision, token=token, endpoint=endpoint, local_dir=local_dir)
+    remote.listing.raise_if_bad()
+    folder = remote.folder
+    _remove_stale_partials(folder)
+    _check_space(folder, remote.meta)
+    before = _file_states(folder)
+    HfApi(endpoint=endpoint, token=token).snapshot_download(repo_id, repo_type=REPO_TYPE, revision=remote.commit,
+                                                            local_dir=folder, allow_patterns=VERSION_FILES)
     after = _file_states(folder)
     fetched = tuple(sorted(p for p, state in after.items() if before.get(p) != state))
-    return LocalVersion(repo_id, revision or "main", commit, folder, fetched)
+    version = LocalVersion(repo_id, revision or "main", remote.commit, folder, fetched)
+    _check_fetched(version, remote.meta)
+    return version
 
 
-def _check_remote_listing(api: HfApi, repo_id: str, commit: str, meta: dict, where: str) -> None:
-    """The Hub's ``data/`` files (names, sizes) against the recorded shards, before a byte of them is fetched."""
-    prefix = DATA_DIR + "/"
-    present = {p[len(prefix):]: int(f.size) for p, f in remote_files(api, repo_id, commit).items()
-               if p.startswith(prefix)}
-    problems, rows = check_listing(meta, present, where)
-    VerifyReport(where, True, len(recorded_shards(meta, where)), rows, problems,
-                 repair=f"Nothing of it was downloaded. The published files differ from their {META_FILE}: the "
-                        "publisher rebuilds the named parts and pushes the version again with --force."
-                 ).raise_if_bad()
+def _check_fetched(version: LocalVersion, meta: dict) -> None:
+    """Hash every shard this download fetched; a damaged one is deleted, so that the next call fetches it again."""
+    entries = {f"{DATA_DIR}/{s['name']}": s for s in recorded_shards(meta, str(version.path))}
+    for rel in version.fetched:
+        if rel not in entries:
+            continue
+        why = check_shard(version.path / rel, entries[rel], quick=False)
+        if why is not None:
+            (version.path / rel).unlink(missing_ok=True)
+            raise IntegrityError(f"{version.where}: {rel} as downloaded differs from the hashes its {META_FILE} "
+                                 f"records ({why}; damaged on the Hub or on the way): deleted it, open the version "
+                                 "again to download it again; if it is refused again, the published file is damaged "
+                                 f"(`hs-dataset verify {version.repo_id} --revision {version.revision}` names it) "
+                                 "and the version must be pushed again", [Problem(rel, "content hash differs")])
 
 
 def _file_states(folder: Path) -> dict[str, tuple[int, int, int]]:

@@ -48,6 +48,7 @@ from huggingface_hub.hf_api import RepoFile
 
 from hs_dataset.write.card import render_card
 from hs_dataset.errors import ConfigError, PublishError, SecretLeakError, VersionExistsError
+from hs_dataset.hub.access import hub_call
 from hs_dataset.hub.names import WORK_BRANCH_PREFIX, check_version_name
 from hs_dataset.hub.uploads import REGULAR_MAX_SIZE, LocalFile, check_folder_sizes, local_files, read_build, refuse_unverified
 from hs_dataset.hub.versions import (REPO_TYPE, collect_history, fill_history_commits, interrupted_force, remote_files,
@@ -99,6 +100,7 @@ def _chunks(items: list, size: int) -> list[list]:
 # ------------------------------------------------------------------------------------ publishing
 
 
+@hub_call  # Hub failures raised as HubAccessError (hs_dataset.hub.access)
 def push_dataset(
     local_dir: str | os.PathLike,
     repo_id: str,
@@ -138,6 +140,7 @@ def push_dataset(
         VersionExistsError: the version exists on other files than this build's and ``force`` was not given
             (on this build's files the push is done: ``already_there``).
         PublishError: the work branch does not hold exactly this build after the uploads (not tagged).
+        HubAccessError: the Hub cannot be reached, refuses the token or the request (one line, with the fix).
     """
     if commit_files < 1:
         raise ConfigError(f"commit_files={commit_files}: must be >= 1", field="commit_files", value=commit_files)

@@ -19,6 +19,7 @@ from huggingface_hub.errors import EntryNotFoundError, RevisionNotFoundError
 from huggingface_hub.hf_api import RepoFile
 from packaging.version import InvalidVersion, Version
 
+from hs_dataset.hub.access import hub_call
 from hs_dataset.write.card import parse_history
 from hs_dataset.layout import META_FILE, README_FILE
 
@@ -93,6 +94,7 @@ def fill_history_commits(history: list[dict], tags: dict[str, str]) -> None:
             entry["commit"] = tags[entry["version"]]
 
 
+@hub_call
 def list_versions(repo_id: str, token: str | None = None, *, endpoint: str | None = None) -> list[VersionInfo]:
     """Published versions (tags) of ``repo_id``, oldest first, with counts from their hs_dataset.json.
 
@@ -102,8 +104,7 @@ def list_versions(repo_id: str, token: str | None = None, *, endpoint: str | Non
         endpoint: the Hub (default ``HF_ENDPOINT``).
 
     Raises:
-        huggingface_hub.errors.RepositoryNotFoundError: no such repository (the command line says so in
-            one line: :mod:`hs_dataset.hub.access`).
+        HubAccessError: no such repository, or the Hub cannot be reached or refuses (:mod:`hs_dataset.hub.access`).
     """
     api = HfApi(endpoint=endpoint, token=token)
     refs = api.list_repo_refs(repo_id, repo_type=REPO_TYPE)

@@ -12,12 +12,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hs_dataset.codec.encode import fp8_decode
+from hs_dataset.codec.rows import state_from_bits
 from hs_dataset.config import GenerationOptions, HiddenStatesConfig, config_fields
-from hs_dataset.errors import HsDatasetError, IntegrityError, SampleError
-from hs_dataset.integrity.checksums import check_shard
+from hs_dataset.errors import HsDatasetError, SampleError
 from hs_dataset.integrity.scan import iter_shard_rows
-from hs_dataset.layout import DATA_DIR, MESSAGES_COLUMN, SHARD_RE, scale_column, state_columns
+from hs_dataset.layout import MESSAGES_COLUMN, SHARD_RE, scale_column, state_columns
 from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.loss_mask import tokenize_sample
 from hs_dataset.prepare.sources import iter_source
@@ -25,7 +24,7 @@ from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.prepare.thinking import tokenize_in_mode
 from hs_dataset.records import Conversation, SourceRow, TokenizedSample
 
-__all__ = ["Expected", "StoredRow", "expected_tokens", "hub_shard", "pick_rows", "read_rows"]
+__all__ = ["Expected", "StoredRow", "expected_tokens", "pick_rows", "read_rows"]
 
 
 def pick_rows(total: int, n: int, seed: int) -> list[int]:
@@ -52,11 +51,10 @@ class StoredRow:
 
 def _decode(row: dict[str, Any], column: str) -> torch.Tensor:
     bits = torch.from_numpy(np.array(row[column]))  # a copy: the shard's mapping may close
-    if bits.dtype == torch.uint8:
-        scale = torch.from_numpy(np.array(row[scale_column(column)], dtype=np.float32))
-        n = min(bits.shape[0], scale.shape[0])  # a row of inconsistent lengths is named, not decoded past its end
-        return fp8_decode(bits[:n], scale[:n])
-    return bits.view(torch.bfloat16)
+    if bits.dtype == torch.uint8:  # a row of inconsistent lengths is named, not decoded past its end
+        bits = bits[:len(row.get(scale_column(column), ()))]
+    return state_from_bits(bits, lambda: torch.from_numpy(np.array(row[scale_column(column)][:len(bits)],
+                                                                   dtype=np.float32)), column=column)
 
 
 def read_rows(meta: dict[str, Any], rows: list[int], shard_path: Callable[[dict[str, Any]], Path]) -> list[StoredRow]:
@@ -78,20 +76,6 @@ def read_rows(meta: dict[str, Any], rows: list[int], shard_path: Callable[[dict[
                                          {c: _decode(row, c) for c in columns}, row.get(MESSAGES_COLUMN)))
         first += n
     return out
-
-
-def hub_shard(api: Any, repo_id: str, sha: str | None, local_dir: Path | None) -> Callable[[dict[str, Any]], Path]:
-    """``shard_path`` for :func:`read_rows` over a published version: downloads one shard (through
-    ``huggingface_hub``) and checks its size, rows and content hash against its entry first."""
-    def fetch(entry: dict[str, Any]) -> Path:
-        path = Path(api.hf_hub_download(repo_id, f"{DATA_DIR}/{entry['name']}", repo_type="dataset", revision=sha,
-                                        local_dir=local_dir))
-        why = check_shard(path, entry, quick=False)
-        if why is not None:
-            raise IntegrityError(f"{repo_id}@{sha}: {DATA_DIR}/{entry['name']} {why}: the probe reads nothing "
-                                 f"from it; run `hs-dataset verify {repo_id} --revision {sha}`")
-        return path
-    return fetch
 
 
 def probe_config(meta: dict[str, Any], model: str, source: str | None) -> HiddenStatesConfig:

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hs_dataset.codec.rows import list_slice, state_slice
 from hs_dataset.integrity.stats import PartStatistics, StatsCollector
 from hs_dataset.integrity.summary import LISTED, build_statistics, compare_statistics, merge_parts
 from hs_dataset.layout import DATA_DIR, DUPLICATE_STAGE, MESSAGES_COLUMN, META_FILE, SHARD_RE, scale_column, state_columns
@@ -35,20 +36,11 @@ __all__ = ["Found", "ScanReport", "iter_shard_rows", "raw_row", "scan_build"]
 Found = tuple[str, str, "int | None"]  # (file, what is wrong, the part to rebuild): a verify Problem's fields
 
 
-def _list(col: pa.Array, i: int) -> np.ndarray:
-    """Row ``i`` of a ``list<primitive>`` array as a read-only numpy view."""
-    a, b = col.offsets[i].as_py(), col.offsets[i + 1].as_py()
-    return col.values.slice(a, b - a).to_numpy(zero_copy_only=True)
-
-
 def _array2d(col: pa.Array, i: int) -> np.ndarray:
     """Row ``i`` of an ``Array2D((None, H))`` array as a read-only numpy view ``[T, H]``."""
-    storage = col.storage if isinstance(col, pa.ExtensionArray) else col
-    s, e = storage.offsets[i].as_py(), storage.offsets[i + 1].as_py()
-    inner = storage.values
-    a, b = inner.offsets[s].as_py(), inner.offsets[e].as_py()
-    flat = inner.values.slice(a, b - a).to_numpy(zero_copy_only=True)
-    return flat.reshape(e - s, (b - a) // (e - s) if e > s else 0)
+    flat, width = state_slice(col, i)
+    values = flat.to_numpy(zero_copy_only=True)
+    return values.reshape(len(values) // width if width else 0, width)
 
 
 def raw_row(batch: pa.RecordBatch, i: int) -> dict[str, Any]:
@@ -62,7 +54,7 @@ def raw_row(batch: pa.RecordBatch, i: int) -> dict[str, Any]:
         if isinstance(col, pa.ExtensionArray) or pa.types.is_list(col.type) and pa.types.is_list(col.type.value_type):
             row[name] = _array2d(col, i)
         elif pa.types.is_list(col.type):
-            row[name] = _list(col, i)
+            row[name] = list_slice(col, i).to_numpy(zero_copy_only=True)
     return row
 
 

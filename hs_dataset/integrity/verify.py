@@ -9,6 +9,9 @@
     hs-dataset verify org/kimi-eagle3-hs@v1.0 --probe 64   # the listing, then only the probed rows' shards
     hs-dataset verify kimi-hs --stats           # and the statistics recounted from every row
 
+(a published version: :func:`hs_dataset.hub.verify_remote.verify_repo`, which downloads it once and runs
+:func:`verify_build` on that copy).
+
 Checked: every shard listed in ``hs_dataset.json`` (``shards``) exists with its size, rows and
 xxh3-128 (:mod:`hs_dataset.integrity.checksums`), no other file is in ``data/`` (readers would load it too),
 and the shards' rows add up to the recorded ``counts.written``; and everything else a push uploads
@@ -27,28 +30,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import HfApi
-from huggingface_hub.errors import EntryNotFoundError
-from huggingface_hub.hf_api import RepoFile
-
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.integrity.metadata import check_metadata
 from hs_dataset.errors import IntegrityError, NotABuildError
-from hs_dataset.integrity.checksums import HASH_KEY, check_shard
+from hs_dataset.integrity.checksums import BLOCKS_KEY, HASH_KEY, check_shard
 from hs_dataset.records import Counts
 from hs_dataset.integrity.probe import ProbeReport
-from hs_dataset.integrity.probe_inputs import hub_shard
 from hs_dataset.integrity.quality import ProbeOptions, record_probe, recorded_probe_problems, run_checks
 from hs_dataset.integrity.scan import ScanReport
-from hs_dataset.layout import DATA_DIR, META_FILE, SHARD_RE, STATE_DIR
+from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, SHARD_RE, STATE_DIR
 
-__all__ = ["ProbeOptions", "Problem", "VerifyReport", "check_files", "check_listing", "damage_of", "data_files", "read_meta",
-           "recorded_shards", "repair_command", "verify_build", "verify_repo"]
+__all__ = ["ProbeOptions", "Problem", "VerifyReport", "check_files", "check_records", "check_listing", "damage_of",
+           "data_files", "read_meta",
+           "recorded_shards", "repair_command", "verify_build"]
 
 # how a build command names its output: --output and the prefixes argparse takes for it (--o is ambiguous), -o
 _OUTPUT_FLAGS = ("--output", "--outpu", "--outp", "--out", "--ou")
@@ -195,6 +195,53 @@ def check_files(root: Path, meta: dict[str, Any], *, quick: bool,
     return problems, rows
 
 
+_SHARD_KEYS = ("bytes", "rows", HASH_KEY, BLOCKS_KEY)  # what every record of a shard must agree on
+
+
+def check_records(root: Path, meta: dict[str, Any]) -> list[Problem]:
+    """Every other record of the shards against ``hs_dataset.json``'s: the part records and the copy in
+    ``.hs_build/`` (a local build), and the card's checksum table. An edit of a shard together with its entry
+    in ``hs_dataset.json`` and the card still disagrees with the part record the build wrote (and with the
+    entry's block hashes: :func:`~hs_dataset.integrity.checksums.check_shard`); a rewrite of every record
+    is beyond these checks (``verify --probe`` compares rows with the model's states)."""
+    problems: list[Problem] = []
+    listed = {s["name"]: s for s in recorded_shards(meta, str(root))}
+    others: list[tuple[str, dict[str, dict[str, Any]]]] = []
+    for rec in sorted((root / STATE_DIR / "parts").glob("part-*.json")):
+        try:
+            files = json.loads(rec.read_text(encoding="utf-8")).get("files") or []
+            others.append((f"{STATE_DIR}/parts/{rec.name}", {f["name"]: f for f in files}))
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+            problems.append(Problem(f"{STATE_DIR}/parts/{rec.name}", "cannot be read (damaged): rebuild its part",
+                                    _part(rec.name.replace("part-", "train-"))))
+    if others:
+        owned = {name for _, files in others for name in files}
+        problems += [Problem(f"{DATA_DIR}/{n}", f"is in {META_FILE} but in no part record ({STATE_DIR}/parts): "
+                             f"{META_FILE} was edited", _part(n)) for n in sorted(set(listed) - owned)]
+    copy = root / STATE_DIR / META_FILE
+    if copy.is_file():
+        try:
+            others.append((f"{STATE_DIR}/{META_FILE}", {s["name"]: s for s in json.loads(copy.read_text("utf-8"))
+                                                        .get("shards") or []}))
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+            problems.append(Problem(f"{STATE_DIR}/{META_FILE}", "cannot be read: run the build command again"))
+    card = root / README_FILE
+    if card.is_file():
+        text = card.read_text(encoding="utf-8")
+        hashed = {n: {HASH_KEY: h} for n, h in re.findall(r"^\| `([^`]+)` \| [^|]* \| [^|]* \| `([0-9a-f]+)` \|$",
+                                                           text, re.M)}
+        if hashed:
+            others.append((README_FILE, hashed))
+    for where, files in others:
+        for name, entry in files.items():
+            mine = listed.get(name)
+            wrong = [k for k in _SHARD_KEYS if mine is not None and k in entry and k in mine and entry[k] != mine[k]]
+            if wrong:
+                problems.append(Problem(f"{DATA_DIR}/{name}", f"its {', '.join(wrong)} in {META_FILE} differ from "
+                                        f"{where}'s (one of the records was edited)", _part(name)))
+    return problems
+
+
 def repair_command(command: str, root: Path) -> str:
     """The recorded build ``command`` made to repair ``root``, the directory verified (a copy of a build
     keeps the command of the original): its ``--output``/``-o`` value (an import's OUT) replaced by
@@ -253,6 +300,7 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
     if not probe.rows:
         problems += [Problem(*f) for f in recorded_probe_problems(meta)]
     problems += [Problem(name, what) for name, what in check_metadata(root, meta)]
+    problems += [p for p in check_records(root, meta) if str(p) not in {str(q) for q in problems}]
     shards = recorded_shards(meta, str(root))
     report = VerifyReport(str(root), quick, len(shards), rows, problems, probe=probed, scan=scan)
     command = meta.get("build_command")
@@ -275,60 +323,3 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
                          f"are damaged, rebuild part(s) {report.parts} where it was built ({again}) and push "
                          "again with --force.")
     return report
-
-
-def verify_repo(repo_id: str, *, revision: str | None = None, quick: bool = False, token: str | None = None,
-                endpoint: str | None = None, local_dir: str | os.PathLike | None = None,
-                probe: ProbeOptions | None = None, stats: bool = False) -> VerifyReport:
-    """Verify a published version: download it (``huggingface_hub.snapshot_download``) and run the
-    full check, or with ``quick`` compare the Hub's file list and sizes with its ``hs_dataset.json``
-    without downloading the shards.
-
-    Args:
-        repo_id: the dataset repository (``org/name``, or ``org/name@revision``).
-        revision: the version (tag), branch or commit (default: main).
-        quick: names and sizes only, nothing downloaded.
-        token, endpoint: for the Hub.
-        local_dir: download into this folder (default: the hub cache).
-        probe: re-run ``probe.rows`` random rows through the reference backend: after the listing check,
-            only the shards holding them are downloaded (each checked against its hash); nothing is recorded.
-        stats: recount the statistics from every row (downloads the whole version).
-
-    Raises:
-        NotABuildError: the revision holds no ``hs_dataset.json``.
-        IntegrityError: it records no shard checksums.
-        MissingPathError: a probe without the model's weights here.
-    """
-    if revision is None and "@" in repo_id:
-        repo_id, _, revision = repo_id.partition("@")
-    probe = probe or ProbeOptions()
-    api = HfApi(endpoint=endpoint, token=token)
-    sha = api.dataset_info(repo_id, revision=revision).sha
-    where = f"{repo_id}@{revision or 'main'} ({sha})"
-    if stats or (not quick and not probe.rows):
-        snapshot = api.snapshot_download(repo_id, repo_type="dataset", revision=sha,
-                                         local_dir=None if local_dir is None else Path(local_dir))
-        report = verify_build(snapshot, mark=False, probe=probe, stats=stats)
-        report.where, report.commit = where, sha
-        return report
-    try:
-        meta = json.loads(Path(api.hf_hub_download(repo_id, META_FILE, repo_type="dataset", revision=sha))
-                          .read_text(encoding="utf-8"))
-    except EntryNotFoundError:
-        raise NotABuildError(f"{where} holds no {META_FILE}: not an hs_dataset version") from None
-    prefix = DATA_DIR + "/"
-    present = {e.path[len(prefix):]: int(e.size) for e in api.list_repo_tree(
-        repo_id, repo_type="dataset", revision=sha, recursive=True) if isinstance(e, RepoFile)
-        and e.path.startswith(prefix)}
-    problems, rows = check_listing(meta, present, where)
-    probed = None
-    if not problems and probe.rows:
-        probed, _, found = run_checks(None, meta, where, hub_shard(api, repo_id, sha, None if local_dir is None
-                                                                   else Path(local_dir)), probe=probe, stats=False)
-        problems += [Problem(*f) for f in found]
-    elif not probe.rows:
-        problems += [Problem(*f) for f in recorded_probe_problems(meta)]
-    return VerifyReport(where, True, len(recorded_shards(meta, where)), rows, problems, commit=sha, probe=probed,
-                        repair=f"The published files differ from their {META_FILE} or hold wrong states (names and "
-                               f"sizes, and the probed rows; a full check compares {HASH_KEY} hashes): rebuild the named "
-                               "parts where the version was built and push again with --force.")

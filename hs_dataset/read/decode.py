@@ -18,33 +18,13 @@ from typing import Any, Iterable
 import pyarrow as pa
 import torch
 
-from hs_dataset.codec.encode import fp8_decode
+from hs_dataset.codec.rows import FP8_MODES, check_fp8_mode, list_slice, state_from_bits, state_slice
 from hs_dataset.layout import (FINAL_COLUMN, MESSAGES_COLUMN, SAMPLE_TOKENS_COLUMN, TEACHER_IDS_COLUMN,
                                TEACHER_LOGPROBS_COLUMN, TEACHER_LSE_COLUMN, TOKEN_START_COLUMN, layer_of, scale_column)
 from hs_dataset.read.safe_views import SafeViews
 
 __all__ = ['FP8_MODES', 'check_fp8_mode', 'column_bits', 'decode_row', 'decode_state', 'list_values',
            'state_columns_of']
-
-FP8_MODES = ("decode", "codes")  # fp8-stored states: bf16 decoded on the host, or the stored codes and scales
-
-
-def check_fp8_mode(fp8: str) -> str:
-    """``fp8`` if it is one of :data:`FP8_MODES`; else ValueError naming them."""
-    if fp8 not in FP8_MODES:
-        raise ValueError(f"fp8={fp8!r}: use 'decode' (bf16 decoded on the host) or 'codes' (the stored float8_e4m3fn "
-                         "codes and their scales, to decode on the GPU with hs_dataset.read.collate.decode_on)")
-    return fp8
-
-
-def _chunk_and_index(col: pa.ChunkedArray | pa.Array, i: int) -> tuple[pa.Array, int]:
-    if isinstance(col, pa.Array):
-        return col, i
-    for chunk in col.chunks:
-        if i < len(chunk):
-            return chunk, i
-        i -= len(chunk)
-    raise IndexError("row index out of range")
 
 
 def _as_tensor(values: pa.Array, views: SafeViews) -> torch.Tensor:
@@ -58,23 +38,14 @@ def column_bits(col: pa.ChunkedArray | pa.Array, i: int = 0, *, views: SafeViews
     ``views`` (see :mod:`hs_dataset.read.safe_views`): how tensors over Arrow memory are made; by default
     a :class:`~hs_dataset.read.safe_views.SafeViews` for this call (tensors safe to write to).
     """
-    views = views or SafeViews()
-    chunk, j = _chunk_and_index(col, i)
-    storage = chunk.storage if isinstance(chunk, pa.ExtensionArray) else chunk
-    outer = storage.offsets
-    s, e = outer[j].as_py(), outer[j + 1].as_py()
-    inner = storage.values
-    a, b = inner.offsets[s].as_py(), inner.offsets[e].as_py()
-    flat = _as_tensor(inner.values.slice(a, b - a), views)
-    T = e - s
-    return flat.view(T, (b - a) // T if T else 0)
+    flat, width = state_slice(col, i)
+    t = _as_tensor(flat, views or SafeViews())
+    return t.view(len(flat) // width if width else 0, width)
 
 
 def list_values(col: pa.ChunkedArray | pa.Array, i: int = 0, *, views: SafeViews | None = None) -> torch.Tensor:
     """Row ``i`` of a ``List(Value(...))`` column as a 1-D tensor (``views``: as in :func:`column_bits`)."""
-    chunk, j = _chunk_and_index(col, i)
-    values = chunk.values.slice(chunk.offsets[j].as_py(), chunk.value_lengths()[j].as_py())
-    return _as_tensor(values, views or SafeViews())
+    return _as_tensor(list_slice(col, i), views or SafeViews())
 
 
 def decode_state(table: pa.Table, column: str, i: int = 0, *, views: SafeViews | None = None,
@@ -86,14 +57,9 @@ def decode_state(table: pa.Table, column: str, i: int = 0, *, views: SafeViews |
         TypeError: the column holds neither bf16 nor fp8 bits.
     """
     views = views or SafeViews()
-    bits = column_bits(table.column(column), i, views=views)
-    if bits.dtype == torch.uint16:
-        return bits.view(torch.bfloat16)
-    if bits.dtype == torch.uint8:
-        if check_fp8_mode(fp8) == "codes":
-            return bits.view(torch.float8_e4m3fn)
-        return fp8_decode(bits, list_values(table.column(scale_column(column)), i, views=views))
-    raise TypeError(f"column {column!r} holds {bits.dtype}, not a hidden-state encoding")
+    return state_from_bits(column_bits(table.column(column), i, views=views),
+                           lambda: list_values(table.column(scale_column(column)), i, views=views), fp8=fp8,
+                           column=column)
 
 
 def state_columns_of(table: pa.Table) -> list[str]:

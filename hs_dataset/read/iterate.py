@@ -17,7 +17,7 @@ import torch
 
 from hs_dataset.read.decode import check_fp8_mode, decode_row
 from hs_dataset.read.safe_views import SafeViews
-from hs_dataset.read.shard_checks import ensure_intact
+from hs_dataset.read.shard_checks import BlockChecks
 
 __all__ = ['READ_AHEAD_BYTES', 'iter_torch']
 
@@ -51,46 +51,24 @@ def iter_torch(ds, batch_size: int = 16, columns: Iterable[str] | None = None,
     tables = ds.with_format("arrow").iter(batch_size=batch_size)
     mapped = isinstance(ds, datasets.Dataset)
     rows = _decoded_rows(tables, cols, populate=prefetch > 0, per_table=not mapped, fp8=fp8)
-    if prefetch > 0:
+    if prefetch > 0:  # the read-ahead thread also hashes the blocks it reads (hs_dataset.read.shard_checks)
         rows = _read_ahead(rows, prefetch * READ_AHEAD_BYTES, cost=_state_bytes)
-    stop = _verify_ahead([c["filename"] for c in ds.cache_files]) if mapped and prefetch > 0 else None
-    try:
-        yield from rows
-    finally:
-        if stop is not None:
-            stop.set()
-
-
-def _verify_ahead(files: list[str]) -> threading.Event:
-    """Check the shards' content hashes in order on a thread (:func:`~hs_dataset.read.shard_checks.ensure_intact`),
-    ahead of the rows: the next shard is hashed from disk while the current one's rows are read from the page
-    cache the hash brought them into. A shard already verified costs a ``stat``. Set the event to stop."""
-    stop = threading.Event()
-
-    def run() -> None:
-        for f in files:
-            if stop.is_set():
-                return
-            try:
-                ensure_intact(f)
-            except Exception:  # the reader checks this shard again before its first row, and raises there
-                return
-
-    threading.Thread(target=run, name="hs_dataset-verify-ahead", daemon=True).start()
-    return stop
+    yield from rows
 
 
 def _decoded_rows(tables: Iterable[pa.Table], columns: list[str] | None, *, populate: bool,
                   per_table: bool, fp8: str = "decode") -> Iterator[dict[str, Any]]:
     """``per_table``: a fresh :class:`SafeViews` (a fresh read of the process's mappings) for each table, for
-    streaming, where file mappings can come and go between batches and an address can change hands."""
+    streaming, where file mappings can come and go between batches and an address can change hands. One pass
+    of block checks for the whole loop: a block is hashed once per loop (an epoch), never remembered after."""
     views: SafeViews | None = None
+    checks = BlockChecks()
     try:
         for table in tables:
             if views is None or per_table:
                 if views is not None:
                     views.close()
-                views = SafeViews(populate=populate)
+                views = SafeViews(populate=populate, checks=checks)
             for i in range(table.num_rows):
                 yield decode_row(table, i, columns, views=views, fp8=fp8)
     finally:

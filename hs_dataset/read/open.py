@@ -3,13 +3,14 @@
 :func:`open_dataset` is the one way in. A local build directory is memory-mapped where it is. A published
 version (``org/name`` + ``revision``) is downloaded once into a folder of its own
 (:mod:`hs_dataset.hub.download`: resumable, never twice) and mapped there, so the data exists once on disk;
-``streaming=True`` on a repo reads it over HTTP with nothing written. What the other ways cost:
-``load_dataset(dir)`` converts every shard into the ``datasets`` cache (a second copy of the build), and
-``load_dataset("org/name")`` downloads into the hub cache and then converts (two more copies).
+``streaming=True`` on a repo reads it over HTTP with nothing written, each block checked as it arrives
+(:mod:`hs_dataset.read.remote`). What the other ways cost: ``load_dataset(dir)`` converts every shard into the
+``datasets`` cache (a second copy of the build), and ``load_dataset("org/name")`` downloads into the hub cache
+and then converts (two more copies); neither checks a hash (docs/verified-reads.md).
 
 Every way refuses a build whose shards do not add up to what its ``hs_dataset.json`` records (a missing or
-extra shard, a shard of another size or other rows: :class:`IntegrityError`); a downloaded file's content
-hash is checked as soon as it arrives, and every tensor reader checks a shard's hash before its first row
+extra shard, a shard of another size or other rows: :class:`IntegrityError`); a downloaded file's hashes
+are checked as soon as it arrives, and every tensor reader checks each block of a shard as it reads it
 (:mod:`hs_dataset.read.shard_checks`). Rows are decoded by :mod:`hs_dataset.read.decode` and iterated by
 :mod:`hs_dataset.read.iterate`; batches are made by :mod:`hs_dataset.read.collate`.
 """
@@ -27,13 +28,13 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from hs_dataset.errors import ConfigError, HubAccessError, IntegrityError, NotABuildError
-from hs_dataset.hub.access import hub_errors
-from hs_dataset.hub.download import LocalVersion, download_version
+from hs_dataset.hub.download import download_version, remote_version
 from hs_dataset.hub.objects import download_object_version, is_object_url
-from hs_dataset.integrity.verify import (Problem, VerifyReport, check_listing, data_files, read_meta, recorded_shards,
-                                         verify_repo)
-from hs_dataset.layout import DATA_DIR, META_FILE
-from hs_dataset.read.shard_checks import ensure_intact
+from hs_dataset.integrity.checksums import BLOCKS_KEY
+from hs_dataset.integrity.verify import Problem, VerifyReport, check_listing, data_files, read_meta, recorded_shards
+from hs_dataset.layout import DATA_DIR
+from hs_dataset.read.remote import stream_version
+from hs_dataset.read.shard_checks import check_whole
 
 __all__ = ["open_dataset"]
 
@@ -74,8 +75,8 @@ def open_dataset(path_or_repo: str | os.PathLike, *, revision: str | None = None
       opened again, nothing is downloaded; a file damaged on the way is deleted and refused;
     * ``streaming=True``: an ``IterableDataset``; of a build directory (or a version downloaded with
       ``local_dir``), over the same mapped shards, ``num_shards`` shards (default: one per file) for
-      DataLoader workers and nodes; of a repo, read over HTTP (``load_dataset(..., streaming=True)``),
-      nothing written to disk.
+      DataLoader workers and nodes; of a repo, read over HTTP, each 1 MiB block of a shard checked against
+      its recorded hash before a row of it is handed out, nothing written to disk.
 
     Coded shards (Parquet, zstd Arrow: ``hs_dataset.codec.coding``) have no zero-copy form and go through
     ``load_dataset`` (which converts them into the ``datasets`` cache; ``streaming=True`` decodes them on the fly).
@@ -92,7 +93,8 @@ def open_dataset(path_or_repo: str | os.PathLike, *, revision: str | None = None
         NotABuildError: ``path_or_repo`` is not a finished build (no ``hs_dataset.json``), nor a repo id.
         IntegrityError: a recorded shard is missing or of another size or row count, ``data/`` holds a file
             that is not recorded, or a downloaded shard's content hash differs from its record (it is
-            deleted: open the version again to download it again).
+            deleted: open the version again to download it again); a shard of a format 1 build (no block
+            hashes) whose whole hash differs. A block that differs is raised by the reader that reads it.
         HubAccessError: the Hub cannot be reached, refuses the token, or has no such repo or revision.
         OutputWriteError: not enough free disk under ``local_dir`` for the version's files.
         ConfigError: ``revision`` given with a build directory.
@@ -112,16 +114,14 @@ def open_dataset(path_or_repo: str | os.PathLike, *, revision: str | None = None
                              "`hs-dataset build`, or a published version's repo")
     try:
         if streaming and local_dir is None:
-            with hub_errors(None, repo_id):
-                report = verify_repo(repo_id, revision=revision, quick=True, token=token)
-            report.raise_if_bad()
-            return datasets.load_dataset(repo_id, revision=report.commit, split="train", streaming=True, token=token)
+            remote = remote_version(repo_id, revision=revision, token=token)
+            remote.listing.raise_if_bad()
+            return stream_version(remote.repo_id, remote.commit, remote.meta, token=token)
         version = download_version(repo_id, revision=revision, token=token, local_dir=local_dir)
     except HubAccessError as e:
         if getattr(getattr(e.__cause__, "response", None), "status_code", None) == 404 and revision is None:
             raise HubAccessError(f"{e} (nor is there a build directory {repo_id} here)") from e.__cause__
         raise
-    _check_fetched(version)
     return _open_local(version.path, streaming, num_shards)
 
 
@@ -130,7 +130,11 @@ def _open_local(root: Path, streaming: bool, num_shards: int | None) -> datasets
     if not shards:
         raise IntegrityError(f"{root} records no shards (no data/train-*.arrow or data/train-*.parquet): rebuild it")
     coded = (meta.get("config") or {}).get("compression", "none") != "none"
-    if coded or not shards[0]["name"].endswith(".arrow"):  # no zero-copy form: decoded by datasets
+    coded = coded or not shards[0]["name"].endswith(".arrow")
+    for s in shards:  # coded (datasets decodes them, not our readers) or format 1: each shard hashed whole, here
+        if coded or BLOCKS_KEY not in s:
+            check_whole(root / DATA_DIR / s["name"])
+    if coded:  # no zero-copy form: decoded by datasets
         return datasets.load_dataset(str(root), split="train", streaming=streaming)
     parts = [datasets.Dataset.from_file(str(root / DATA_DIR / s["name"])) for s in shards]
     wrong = [Problem(f"{DATA_DIR}/{s['name']}", f"holds {len(d)} rows, {s['rows']} recorded")
@@ -152,22 +156,3 @@ def _checked_listing(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                  repair=f"Refusing to read it: run `hs-dataset verify {root}`, then the build again to repair it."
                  ).raise_if_bad()
     return meta, shards
-
-
-def _check_fetched(version: LocalVersion) -> None:
-    """Hash every shard this download fetched (whatever ``HS_DATASET_CHECK_SHARDS`` says); a damaged one is
-    deleted, so that opening the version again downloads it again. The verdicts are kept: reads do not hash
-    these files again."""
-    for rel in version.fetched:
-        if not rel.startswith(DATA_DIR + "/"):
-            continue
-        p = version.path / rel
-        try:
-            ensure_intact(p, always=True)
-        except IntegrityError as e:
-            p.unlink(missing_ok=True)
-            raise IntegrityError(f"{version.where}: {rel} as downloaded differs from the xxh3_128 its {META_FILE} "
-                                 f"records (damaged on the Hub or on the way): deleted it, open the version again to "
-                                 f"download it again; if it is refused again, the published file is damaged (`hs-dataset "
-                                 f"verify {version.repo_id} --revision {version.revision}` names it) and the version "
-                                 "must be pushed again", [Problem(rel, "content hash differs")]) from e

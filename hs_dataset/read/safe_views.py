@@ -13,8 +13,9 @@ in-memory tables) is writable already and is viewed as it is.
 
 Which file and offset an address belongs to comes from ``/proc/self/maps``, read once per
 :class:`SafeViews` (a read keeps the mappings of the tables it reads alive). Linux only: elsewhere
-every value is copied. Before the first value of a build's shard is handed out, the shard's content
-hash is checked against the build's record (:mod:`hs_dataset.read.shard_checks`).
+every value is copied. Before a value of a build's shard is handed out (mapped or copied), the blocks of
+the shard under it are hashed from that memory and checked against the build's record
+(:mod:`hs_dataset.read.shard_checks`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hs_dataset.read.shard_checks import ensure_intact
+from hs_dataset.read.shard_checks import BlockChecks
 
 __all__ = ["MIN_MAP_BYTES", "SafeViews", "libc_madvise"]
 
@@ -82,8 +83,17 @@ class _PrivateMapping:
         if addr is None or addr == ctypes.c_void_p(-1).value:
             raise OSError(ctypes.get_errno(), "mmap of a shard range failed")
         self._addr, self._len, self._munmap = addr, length, libc.munmap
+        self._first, self._stop = start, offset + nbytes  # the file bytes it maps
         self.__array_interface__ = {"data": (addr + offset - start, False), "shape": (nbytes // dtype.itemsize,),
                                     "typestr": dtype.str, "version": 3}
+
+    def holds(self, offset: int, n: int) -> bool:
+        """Whether file bytes ``[offset, offset + n)`` are in this mapping."""
+        return self._first <= offset and offset + n <= self._stop
+
+    def buffer(self, offset: int, n: int) -> Any:
+        """File bytes ``[offset, offset + n)`` as mapped here (see :meth:`holds`), a buffer without a copy."""
+        return (ctypes.c_char * n).from_address(self._addr + offset - self._first)
 
     def populate(self) -> None:
         """Read the pages in now (on this thread), so that the first access does not wait for the disk."""
@@ -110,10 +120,12 @@ class SafeViews:
     Args:
         populate: read each mapped value's pages in when it is made (on the calling thread; the
             reader's read-ahead thread does this so the consumer never waits for the disk).
+        checks: the reader's pass of block checks (default: one of its own).
     """
 
-    def __init__(self, populate: bool = False):
+    def __init__(self, populate: bool = False, checks: BlockChecks | None = None):
         self.populate = populate
+        self.checks = checks or BlockChecks()
         self._starts: list[int] = []
         self._ranges: list[tuple[int, int, int, bytes]] = []  # (end, file offset at start, inode, path)
         self._fds: dict[tuple[bytes, int], Any] = {}
@@ -130,21 +142,31 @@ class SafeViews:
                 self._ranges.append((int(b, 16), int(off, 16), int(inode), path))
 
     def _locate(self, addr: int, nbytes: int) -> Any:
-        """None (no file backs ``addr``), ``_COPY``, or ``(fd, file offset)``."""
-        if not self._linux:
-            return _COPY
+        """None (no file backs ``addr``), or ``(mapping line, fd or _COPY, file offset, file size or None)``."""
         k = bisect.bisect_right(self._starts, addr) - 1
         if k < 0 or addr >= self._ranges[k][0]:
             return None  # in no file mapping
-        if addr + nbytes > self._ranges[k][0]:
-            return _COPY  # runs past this mapping's line (a mapping split in two): a copy, never a bare view
-        end, file_off, inode, path = self._ranges[k]
+        _, file_off, inode, path = self._ranges[k]
         fd = self._fds.get((path, inode))
         if fd is None:
             fd = self._fds[path, inode] = self._open(path, inode)
-        if fd is _COPY or file_off + addr - self._starts[k] + nbytes > os.fstat(fd).st_size:
-            return _COPY
-        return fd, file_off + addr - self._starts[k]
+        return k, fd, file_off + addr - self._starts[k], None if fd is _COPY else os.fstat(fd).st_size
+
+    def _check(self, where: Any, nbytes: int, private: "_PrivateMapping | None" = None) -> None:
+        """Check the shard blocks under the value (:mod:`hs_dataset.read.shard_checks`), hashing them from the
+        private mapping just made (its pages are the value's), else from the Arrow mapping or the file."""
+        k, fd, offset, size = where
+        start, (end, file_off, inode, path) = self._starts[k], self._ranges[k]
+
+        def memory(lo: int, n: int) -> Any:
+            if private is not None and private.holds(lo, n):
+                return private.buffer(lo, n)
+            if private is not None and fd is not _COPY:  # a block's edge beyond the value: read, not mapped
+                return os.pread(fd, n, lo)
+            if file_off <= lo and lo + n <= file_off + end - start:
+                return (ctypes.c_char * n).from_address(start + lo - file_off)
+            return None if fd is _COPY else os.pread(fd, n, lo)
+        self.checks.check(os.fsdecode(path), inode, offset, nbytes, memory, size)
 
     @staticmethod
     def _open(path: bytes, inode: int) -> Any:
@@ -154,33 +176,34 @@ class SafeViews:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             return _COPY
-        st = os.fstat(fd)
-        if st.st_ino != inode:  # the path now names another file than the one mapped
+        if os.fstat(fd).st_ino != inode:  # the path now names another file than the one mapped
             os.close(fd)
             return _COPY
-        try:
-            ensure_intact(os.fsdecode(path), st)  # a damaged shard's rows are never handed out
-        except BaseException:
-            os.close(fd)
-            raise
         return fd
 
     def tensor(self, arr: np.ndarray) -> torch.Tensor:
-        """``arr`` (a zero-copy numpy view of Arrow memory) as a tensor safe to write to."""
-        if arr.nbytes == 0:
+        """``arr`` (a zero-copy numpy view of Arrow memory) as a tensor safe to write to; a shard's bytes are
+        checked first (:mod:`hs_dataset.read.shard_checks`)."""
+        if arr.nbytes == 0 or not self._linux:
             return torch.from_numpy(arr.copy())
-        where = self._locate(arr.__array_interface__["data"][0], arr.nbytes)
+        addr = arr.__array_interface__["data"][0]
+        where = self._locate(addr, arr.nbytes)
         if where is None:
             return _view(arr)
-        if where is not _COPY and arr.nbytes >= MIN_MAP_BYTES:
+        k, fd, offset, size = where
+        # a mapping line split in two, or a file no longer there in full: a copy, never a bare view
+        mappable = fd is not _COPY and addr + arr.nbytes <= self._ranges[k][0] and offset + arr.nbytes <= (size or 0)
+        if mappable and arr.nbytes >= MIN_MAP_BYTES:
             try:
-                m = _PrivateMapping(where[0], where[1], arr.nbytes, arr.dtype)
+                m = _PrivateMapping(fd, offset, arr.nbytes, arr.dtype)
             except OSError:  # e.g. vm.max_map_count reached: copy instead
                 pass
             else:
                 if self.populate:
                     m.populate()
+                self._check(where, arr.nbytes, m)
                 return torch.from_numpy(np.asarray(m)).view(arr.shape)
+        self._check(where, arr.nbytes)
         return torch.from_numpy(arr.copy())
 
     def close(self) -> None:

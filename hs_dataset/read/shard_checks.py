@@ -1,51 +1,49 @@
-"""Damaged bytes are never handed out: a shard's content hash is checked before the first of its rows is read.
+"""Damaged bytes are never handed out: every block of a shard is hashed in the pass that reads it.
 
-Every tensor the reader makes over a build's shard (:mod:`hs_dataset.read.safe_views`: ``iter_torch``,
-``TORCH_FORMAT``, ``decode_row``, the collator, in DataLoader workers too) first asks
-:func:`ensure_intact` about the file it comes from. The first time a shard is met, its whole content is
-hashed (xxh3-128, :mod:`hs_dataset.integrity.checksums`) and compared with the build's
-``hs_dataset.json``; a shard that differs raises :class:`~hs_dataset.errors.IntegrityError` naming it,
-and none of its rows is handed out. The hash reads the shard once from disk, in order, which also
-brings it into the page cache: the rows are then read from memory. A shard that matched is not hashed
-again while this machine runs (until it reboots) unless the file changes (its size, modification time
-or inode): the verdict is kept in a small marker file under ``$XDG_CACHE_HOME/hs_dataset/verified``
-(``~/.cache``), so DataLoader workers and later epochs share it; a lock makes one process hash a shard
-while the others wait.
+A build records, for every shard, the xxh3-64 of each 1 MiB block (``blocks_xxh3_64``,
+:mod:`hs_dataset.integrity.checksums`). Every tensor the reader makes over a build's shard
+(:mod:`hs_dataset.read.safe_views`: ``iter_torch``, ``TORCH_FORMAT``, ``decode_row``, the windows, the
+collator, in DataLoader workers too) first asks a :class:`BlockChecks` about the bytes it comes from: the
+blocks under them are hashed from the very memory the value is read from (which also brings them into the
+page cache) and compared with the record; a block that differs raises
+:class:`~hs_dataset.errors.IntegrityError` naming the shard and the block, and the value is not made.
 
-A version downloaded by :func:`hs_dataset.read.open_dataset` has each file hashed as it arrives (a damaged
-one is deleted and refused) and is read as a local build; streaming ``open_dataset(dir, streaming=True)``
-reads the mapped shards, so it is covered too.
+A :class:`BlockChecks` lives for one pass (an ``iter_torch`` loop, one ``TORCH_FORMAT`` batch, one window
+walk): a block read twice in it is hashed once, and nothing is remembered after it, in this process or
+any other. So a bit that flips between two epochs (keeping the file's size, time and inode) is refused on
+the next read, and a reader whose shard is replaced under it (a repair) compares the bytes it still maps
+with the new record: it refuses them rather than serve the old rows.
 
-What is not covered: rows read without tensors (``ds[i]`` in the default format, plain
-``load_dataset``), and streaming reads of datasets' own (``load_dataset(..., streaming=True)``, and
-``open_dataset("org/name", streaming=True)`` over HTTP): their bytes are never mapped from the shard, so
-there is no file to check as they are read; those paths check the listing, sizes and rows only, and
-``hs-dataset verify`` the hashes.
-``HS_DATASET_CHECK_SHARDS=0`` turns the check off (measured cost: README, "Load for training").
+Builds of format version 1 record only the whole-file hash: :func:`check_whole` hashes such a shard once
+when :func:`~hs_dataset.read.open_dataset` opens it, and the readers check nothing more for it.
+``HS_DATASET_CHECK_SHARDS=0`` turns the readers' checks off (``benchmarks/verified_reads.py`` measures
+what they cost).
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hs_dataset.errors import IntegrityError
-from hs_dataset.integrity.checksums import HASH_KEY, file_digest
+from hs_dataset.integrity.checksums import (BLOCK_BYTES, BLOCK_SIZE_KEY, BLOCKS_KEY, DIGITS, HASH_KEY, block_digest,
+                                            file_digest)
 from hs_dataset.layout import DATA_DIR, META_FILE, SHARD_RE
 
-__all__ = ["CHECK_ENV", "ensure_intact", "shard_checks_enabled"]
+__all__ = ["CHECK_ENV", "BlockChecks", "check_whole", "shard_checks_enabled"]
 
 CHECK_ENV = "HS_DATASET_CHECK_SHARDS"
 DOWNLOAD_RECORDS = ".cache/huggingface"  # in a folder huggingface_hub downloaded a version into (local_dir)
+_DELETED = " (deleted)"  # /proc/self/maps' mark of a file no longer at its path
 
 _lock = threading.Lock()
-_intact: set[tuple[int, int, int, int]] = set()  # (device, inode, size, mtime_ns) hashed and matched here
-_records: dict[str, tuple[int, dict[str, dict[str, Any]]]] = {}  # build root -> (meta mtime_ns, shards by name)
+# build root -> (the manifest's (inode, size, mtime_ns), shards by name): the record, re-read when it changes
+_records: dict[str, tuple[tuple[int, int, int], dict[str, dict[str, Any]]]] = {}
+
+Memory = Callable[[int, int], Any]  # (file offset, length) -> a buffer over those bytes as mapped, or None
 
 
 def shard_checks_enabled() -> bool:
@@ -57,12 +55,13 @@ def _recorded(root: Path) -> dict[str, dict[str, Any]] | None:
     """The shard entries of the build at ``root`` (None: not a finished build of ours)."""
     meta = root / META_FILE
     try:
-        mtime = meta.stat().st_mtime_ns
+        st = meta.stat()
     except OSError:
         return None
+    key = (st.st_ino, st.st_size, st.st_mtime_ns)
     with _lock:
         hit = _records.get(str(root))
-    if hit is not None and hit[0] == mtime:
+    if hit is not None and hit[0] == key:
         return hit[1]
     try:
         shards = json.loads(meta.read_text(encoding="utf-8")).get("shards")
@@ -70,85 +69,88 @@ def _recorded(root: Path) -> dict[str, dict[str, Any]] | None:
     except (OSError, ValueError, AttributeError, TypeError):
         return None
     with _lock:
-        _records[str(root)] = (mtime, by_name)
+        _records[str(root)] = (key, by_name)
     return by_name
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "no-boot-id"
+def _entry(path: str) -> tuple[Path, dict[str, Any]] | None:
+    """``(shard path, its record)`` when ``path`` is a recorded shard of a finished build, else None."""
+    p = Path(path[:-len(_DELETED)] if path.endswith(_DELETED) else path)
+    if p.parent.name != DATA_DIR or not SHARD_RE.match(p.name):
+        return None
+    entry = (_recorded(p.parent.parent) or {}).get(p.name)
+    return None if entry is None else (p, entry)
 
 
-def _marker_dir() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "hs_dataset" / "verified" / _boot_id()
+class BlockChecks:
+    """The blocks verified in one pass of a reader (see the module); safe to share between threads."""
+
+    def __init__(self) -> None:
+        self.enabled = shard_checks_enabled()
+        self._done: set[tuple[str, int, int]] = set()  # (path, inode, block) hashed and matched in this pass
+        self._lock = threading.Lock()
+
+    def check(self, path: str, inode: int, offset: int, nbytes: int, memory: Memory, size: int | None) -> None:
+        """Raise :class:`IntegrityError` unless every block under bytes ``[offset, offset + nbytes)`` of the
+        shard ``path`` (a file of ``inode``, mapped here) hashes to its record.
+
+        Args:
+            path: the file as ``/proc/self/maps`` names it (``" (deleted)"`` when it was replaced since).
+            inode: the mapped file's inode.
+            offset, nbytes: the bytes about to be read.
+            memory: gives a block's bytes as mapped here (None: outside the mapping).
+            size: the file's size now (None: not known, a file no longer at its path).
+        """
+        if not self.enabled:
+            return
+        found = _entry(path)
+        if found is None or BLOCKS_KEY not in found[1]:
+            return  # not a shard of ours, or of format version 1 (hashed whole at open: check_whole)
+        p, entry = found
+        block = int(entry.get(BLOCK_SIZE_KEY) or BLOCK_BYTES)
+        recorded, total = str(entry[BLOCKS_KEY]), int(entry["bytes"])
+        where = f"{p.parent.parent}: {DATA_DIR}/{p.name}"
+        for b in range(offset // block, (offset + max(nbytes, 1) - 1) // block + 1):
+            if (path, inode, b) in self._done:
+                continue
+            lo, n = b * block, min(block, total - b * block)
+            if n <= 0 or (size is not None and size != total):
+                raise IntegrityError(f"{where} has {size} bytes, {total} recorded: refusing its rows. {_repair(p)}")
+            data = memory(lo, n)
+            if data is None:
+                raise IntegrityError(f"{where}: bytes {lo}..{lo + n} cannot be checked where they are mapped "
+                                     f"(the file changed while being read): open the dataset again")
+            if block_digest(data) != recorded[b * DIGITS:(b + 1) * DIGITS]:
+                raise IntegrityError(f"{where}: block {b} (bytes {lo}..{lo + n}) differs from the {BLOCKS_KEY} "
+                                     f"recorded in {META_FILE} (damaged on disk since it was written, or replaced "
+                                     f"while being read): refusing its rows. {_repair(p)}")
+            with self._lock:
+                self._done.add((path, inode, b))
 
 
-def ensure_intact(path: str | os.PathLike, st: os.stat_result | None = None, *, always: bool = False) -> None:
-    """Raise :class:`IntegrityError` when ``path`` is a shard of a build whose content differs from its record.
-
-    Files that are not shards of a finished build (``<root>/data/train-*`` beside ``<root>/hs_dataset.json``)
-    pass unchecked. The first call for a shard hashes it (see the module docstring); later ones cost a
-    ``stat``.
+def check_whole(path: str | os.PathLike, *, always: bool = False) -> None:
+    """Hash a recorded shard whole against its ``xxh3_128`` (a version 1 shard at open, a file just downloaded).
 
     Args:
-        path: the file.
-        st: its ``os.stat`` result, when the caller has it.
-        always: check even when ``HS_DATASET_CHECK_SHARDS=0`` (a file just downloaded).
+        path: the shard.
+        always: even when ``HS_DATASET_CHECK_SHARDS=0``.
 
     Raises:
-        IntegrityError: the shard's content hash, or its size, differs from ``hs_dataset.json``.
+        IntegrityError: its size or content hash differs from ``hs_dataset.json``.
     """
     if not (always or shard_checks_enabled()):
         return
-    p = Path(os.fsdecode(path))
-    if p.parent.name != DATA_DIR or not SHARD_RE.match(p.name):
+    found = _entry(os.fsdecode(path))
+    if found is None or HASH_KEY not in found[1]:
         return
-    st = st or os.stat(p)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if key in _intact:
-        return
-    entries = _recorded(p.parent.parent)
-    entry = (entries or {}).get(p.name)
-    if entry is None or HASH_KEY not in entry:
-        return  # not a recorded shard of ours (or one written before checksums): nothing to check against
+    p, entry = found
     where = f"{p.parent.parent}: {DATA_DIR}/{p.name}"
-    if int(entry["bytes"]) != st.st_size:
-        raise IntegrityError(f"{where} has {st.st_size} bytes, {entry['bytes']} recorded: refusing its rows. "
-                             f"{_repair(p)}")
-    marker_dir = _marker_dir()
-    marker = marker_dir / hashlib.sha256(f"{key}:{entry[HASH_KEY]}".encode()).hexdigest()[:32]
-    if not marker.exists():
-        _hash_once(p, marker, entry[HASH_KEY], where)
-    with _lock:
-        _intact.add(key)
-
-
-def _hash_once(p: Path, marker: Path, expected: str, where: str) -> None:
-    """Hash ``p`` unless another process does it now (it holds the marker's lock); leave the marker on success."""
-    try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(marker.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        fd = -1  # no cache to share: hash here, keep the verdict in this process only
-    try:
-        if fd >= 0:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # one process hashes a shard; the others wait for its verdict
-            if marker.exists():
-                return
-        if file_digest(p) != expected:
-            raise IntegrityError(f"{where}: its content hash differs from the xxh3_128 recorded in {META_FILE} "
-                                 f"(damaged on disk since it was written): refusing its rows. {_repair(p)}")
-        if fd >= 0:
-            try:
-                marker.write_text(expected)
-            except OSError:
-                pass
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    size = p.stat().st_size
+    if size != int(entry["bytes"]):
+        raise IntegrityError(f"{where} has {size} bytes, {entry['bytes']} recorded: refusing its rows. {_repair(p)}")
+    if file_digest(p) != entry[HASH_KEY]:
+        raise IntegrityError(f"{where}: its content hash differs from the xxh3_128 recorded in {META_FILE} "
+                             f"(damaged on disk since it was written): refusing its rows. {_repair(p)}")
 
 
 def _repair(p: Path) -> str:

@@ -1,9 +1,11 @@
 """What a finished build holds, in numbers and one figure (``hs-dataset inspect [--plot FILE.png]``).
 
-* lengths (``num_tokens`` of every row) and loss-mask coverage (masked tokens / tokens, every row):
-  read from those columns only, so a large build costs a pass over its token columns, not its states;
-* per state column (each captured layer and the final state), over a sample of rows spread evenly
-  over the build: mean, std, absmax, non-finite values and the L2 norm of each token's state;
+* lengths (``num_tokens`` of every row, one small column) and loss-mask coverage (the masked tokens the
+  build recorded in ``hs_dataset.json``'s ``statistics``; counted from the ``loss_mask`` column only for a
+  build that recorded none);
+* per state column (each captured layer and the final state): mean, std, absmax and non-finite values as the
+  build recorded them over every value (over a sample of rows spread evenly over the build, for a build that
+  recorded none), and the L2 norm of each token's state over that sample (the figure);
 * rejects grouped by reason: :mod:`hs_dataset.write.rejects`.
 """
 
@@ -18,18 +20,11 @@ import pyarrow.compute as pc
 import torch
 
 from hs_dataset.errors import ConfigError
+from hs_dataset.integrity.verify import read_meta
 from hs_dataset.read.decode import decode_row
 from hs_dataset.read.open import open_dataset
 
 __all__ = ["BuildStats", "StateStats", "build_stats", "plot_stats"]
-
-
-
-
-
-
-
-
 
 
 @dataclass
@@ -111,10 +106,13 @@ def build_stats(out: str | Path, *, sample_rows: int = 32) -> BuildStats:
     """
 
     ds = open_dataset(out)
+    recorded = read_meta(Path(out)).get("statistics") or {}
     table: pa.Table = ds.data.table  # the memory-mapped shards; only the columns read are paged in
     lengths = np.asarray(table.column("num_tokens").to_numpy(), dtype=np.int64)
-    mask = table.column("loss_mask")
-    masked = sum(int(pc.sum(chunk.flatten()).as_py() or 0) for chunk in mask.chunks)
+    if "masked_tokens" in recorded:
+        masked = int(recorded["masked_tokens"])
+    else:  # a build that recorded no statistics
+        masked = sum(int(pc.sum(chunk.flatten()).as_py() or 0) for chunk in table.column("loss_mask").chunks)
     picked = _sample_rows(len(ds), sample_rows)
     arrow = ds.with_format("arrow")
     acc: dict[str, _Running] = {}  # running totals, one row's states at a time (Kimi rows are ~100 MB each)
@@ -124,7 +122,14 @@ def build_stats(out: str | Path, *, sample_rows: int = 32) -> BuildStats:
             if isinstance(t, torch.Tensor) and t.dim() == 2:
                 acc.setdefault(col, _Running()).add(t)
     stats = BuildStats(len(ds), lengths, masked, picked)
-    stats.states.extend(r.result(col) for col, r in acc.items())
+    columns = recorded.get("columns") or {}
+    for col, r in acc.items():
+        got, rec = r.result(col), columns.get(col)
+        if rec:  # every value, as the build counted it: the sample gives only the token norms
+            got = StateStats(col, float(rec["mean"]), float(rec["std"]), float(rec["absmax"]),
+                             int(rec.get("nan", 0)) + int(rec.get("inf", 0)), int(rec.get("values", got.values)),
+                             got.token_norms)
+        stats.states.append(got)
     return stats
 
 

@@ -28,7 +28,7 @@ import datasets
 import pyarrow as pa
 import torch
 
-from hs_dataset.codec.encode import fp8_decode
+from hs_dataset.codec.rows import list_slice, state_from_bits, state_slice
 from hs_dataset.layout import SAMPLE_TOKENS_COLUMN, TOKEN_START_COLUMN, scale_column
 from hs_dataset.read.decode import state_columns_of
 from hs_dataset.read.safe_views import SafeViews
@@ -84,25 +84,12 @@ def cp_slice(num_tokens: int, rank: int, world: int) -> tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
-def _values(col: pa.ChunkedArray, row: int, lo: int, hi: int, width: int, views: SafeViews) -> torch.Tensor:
-    """Positions ``[lo, hi)`` of row ``row`` of a list (``width`` 1) or Array2D column, mapping only those values."""
-    chunk, j = col, row
-    for c in col.chunks:
-        if j < len(c):
-            chunk = c
-            break
-        j -= len(c)
-    storage = chunk.storage if isinstance(chunk, pa.ExtensionArray) else chunk
-    if width == 1:
-        a = storage.offsets[j].as_py()
-        flat = storage.values.slice(a + lo, hi - lo)
-        return views.tensor(flat.to_numpy(zero_copy_only=True))
-    s = storage.offsets[j].as_py()
-    inner = storage.values
-    a = inner.offsets[s + lo].as_py()
-    b = inner.offsets[s + hi].as_py()
-    flat = views.tensor(inner.values.slice(a, b - a).to_numpy(zero_copy_only=True))
-    return flat.view(hi - lo, width)
+def _values(col: pa.ChunkedArray, row: int, lo: int, hi: int, views: SafeViews) -> torch.Tensor:
+    """Positions ``[lo, hi)`` of row ``row`` of a list or Array2D column, mapping only those values."""
+    if isinstance(col.type, pa.ExtensionType) or pa.types.is_list(col.type.value_type):  # Array2D((None, H))
+        flat, width = state_slice(col, row, lo, hi)
+        return views.tensor(flat.to_numpy(zero_copy_only=True)).view(hi - lo, width)
+    return views.tensor(list_slice(col, row, lo, hi).to_numpy(zero_copy_only=True))
 
 
 def read_window(ds: datasets.Dataset, sample: SampleRows, start: int, stop: int, *,
@@ -122,21 +109,17 @@ def read_window(ds: datasets.Dataset, sample: SampleRows, start: int, stop: int,
         row_stop = bounds[k + 1]
         if row_stop <= start or row_start >= stop:
             if row_start == stop:  # the token after the window opens the next row
-                next_id = int(_values(table.column("input_ids"), sample.first + k, 0, 1, 1, views)[0])
+                next_id = int(_values(table.column("input_ids"), sample.first + k, 0, 1, views)[0])
             continue
         lo, hi = max(start, row_start) - row_start, min(stop, row_stop) - row_start
         r = sample.first + k
         for c in ("input_ids", "loss_mask"):
-            parts[c].append(_values(table.column(c), r, lo, hi, 1, views))
+            parts[c].append(_values(table.column(c), r, lo, hi, views))
         if stop < row_stop:
-            next_id = int(_values(table.column("input_ids"), r, hi, hi + 1, 1, views)[0])
+            next_id = int(_values(table.column("input_ids"), r, hi, hi + 1, views)[0])
         for c in states:
-            col = table.column(c)
-            bits = _values(col, r, lo, hi, int(col.type.shape[1]), views)  # Array2D(shape=(None, H))
-            if bits.dtype == torch.uint16:
-                parts[c].append(bits.view(torch.bfloat16))
-            else:
-                parts[c].append(fp8_decode(bits, _values(table.column(scale_column(c)), r, lo, hi, 1, views)))
+            parts[c].append(state_from_bits(_values(table.column(c), r, lo, hi, views),
+                                            lambda: _values(table.column(scale_column(c)), r, lo, hi, views), column=c))
     out: dict[str, Any] = {"id": sample.sample_id, "token_start": start, "sample_tokens": sample.num_tokens,
                            "next_id": next_id}
     for c, ts in parts.items():

@@ -38,7 +38,7 @@ from hs_dataset.records import Counts
 __all__ = ['FORMAT_VERSION', 'check_outputs', 'finalize', 'versions']
 
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-block hashes of every shard (integrity.checksums), checked by the readers
 
 
 def versions(backend: CaptureBackend | None) -> dict[str, str]:

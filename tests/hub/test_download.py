@@ -19,8 +19,10 @@ import torch
 from huggingface_hub import CommitOperationDelete, HfApi
 
 from hs_dataset.errors import ConfigError, HubAccessError, IntegrityError, NotABuildError
-from hs_dataset.hub.download import STALE_PARTIAL_S, default_version_dir
+from hs_dataset.hub.download import STALE_PARTIAL_S, default_version_dir, download_version
 from hs_dataset.hub.publish import push_dataset
+from hs_dataset.hub.verify_remote import verify_repo
+from hs_dataset.hub.versions import list_versions
 from hs_dataset.read import TORCH_FORMAT, iter_torch, open_dataset
 from hs_dataset.read.shard_checks import CHECK_ENV
 from tests.fakehub.tools import client_subprocess_env
@@ -221,3 +223,54 @@ def test_the_cards_snippets_run_as_they_stand_against_the_version(hub, build, tm
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "decoded (512, 1024)" in r.stdout
+
+
+def test_streaming_from_the_hub_checks_every_block_before_its_rows(hub, build):
+    """open_dataset(repo, streaming=True) hashes each 1 MiB block as it arrives (issue 48, finding 2)."""
+    push_dataset(build, REPO, "v1.0")
+    local = {r["id"]: r for r in rows_of(open_dataset(build))}
+    streamed = rows_of(open_dataset(REPO, revision="v1.0", streaming=True))
+    assert_same_rows(streamed, [local[r["id"]] for r in streamed])
+    shard = sorted((build / "data").iterdir())[2]
+    obj = next(p for p in hub.objects_dir.iterdir() if p.stat().st_size == shard.stat().st_size
+               and p.read_bytes() == shard.read_bytes())
+    flip_middle(obj)  # the Hub serves damaged bytes of the right size
+    served = []
+    with pytest.raises(IntegrityError, match=rf"data/{shard.name}: block \d+ .* as streamed differs"):
+        for row in iter_torch(open_dataset(REPO, revision="v1.0", streaming=True), batch_size=1):
+            served.append(row)
+    assert 4 <= len(served) < 8  # the shards before it, then none of the damaged block's rows
+    for r in served:
+        for k, v in r.items():
+            if isinstance(v, torch.Tensor):
+                assert torch.equal(v.view(torch.uint8), local[r["id"]][k].view(torch.uint8)), (r["id"], k)
+
+
+def test_verify_then_open_keeps_one_copy_of_the_version(hub, build):
+    """verify_repo downloads into the folder open_dataset maps (issue 48 finding 6, issue 50 item 3)."""
+    push_dataset(build, REPO, "v1.0")
+    home = Path(os.environ["HF_HOME"])
+    before = disk_bytes(home)
+    assert verify_repo(REPO, revision="v1.0").ok
+    hub.request_log.clear()
+    ds = open_dataset(REPO, revision="v1.0")
+    assert data_gets(hub) == []  # nothing fetched again
+    ratio = (disk_bytes(home) - before) / version_bytes(build)
+    print(f"verify + open_dataset: {ratio:.4f}x the version on disk")
+    assert 1.0 <= ratio <= 1.05, ratio
+    assert len(rows_of(ds)) == 8
+
+
+def test_hub_failures_are_the_projects_errors_in_the_library(hub, build):
+    """One place maps Hub failures (hs_dataset.hub.access): every public Hub function raises HubAccessError."""
+    push_dataset(build, REPO, "v1.0")
+    with pytest.raises(HubAccessError, match=r"org/nope on .*not found \(404\)"):
+        list_versions("org/nope")
+    with pytest.raises(HubAccessError, match=r"not found \(404\)"):
+        verify_repo("org/nope", revision="v1.0")
+    with pytest.raises(HubAccessError, match="no such version or revision"):
+        verify_repo(REPO, revision="v9.9", quick=True)
+    with pytest.raises(HubAccessError, match=r"cannot reach http://127.0.0.1:9 "):
+        push_dataset(build, REPO, "v1.1", endpoint="http://127.0.0.1:9")
+    with pytest.raises(HubAccessError, match="not a Hub repo id"):
+        download_version("org/na me")

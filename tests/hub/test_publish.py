@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi
-from huggingface_hub.errors import HfHubHTTPError
 
 from hs_dataset.write.card import parse_history, render_card, split_readme
-from hs_dataset.errors import NotABuildError, PublishError, VersionExistsError
+from hs_dataset.errors import HubAccessError, NotABuildError, PublishError, VersionExistsError
 from hs_dataset.hub.publish import push_dataset
 from hs_dataset.hub.versions import list_versions, version_key
 from tests.fakehub.server import running_hub
@@ -158,7 +157,7 @@ def test_interrupted_push_resumes_without_reuploading(hub, tmp_path):
     build = write_built_dataset(tmp_path / "b", rows, shard_rows=5)  # 8 shards + 2 small files
     lfs_files = sorted(p for p in manifest(build) if p.endswith(".arrow"))
     hub.fail_commit_requests = {3: 500}  # the 3rd commit request fails (2 parts already landed)
-    with pytest.raises(HfHubHTTPError):
+    with pytest.raises(HubAccessError, match="answered 500"):
         push_dataset(build, REPO, "v1.0", commit_files=3)
     refs = HfApi().list_repo_refs(REPO, repo_type="dataset")
     assert refs.tags == []  # nothing tagged
@@ -217,7 +216,7 @@ def test_killed_push_process_resumes(hub, tmp_path):
 def test_push_stopped_after_tagging_is_finished_by_a_rerun(hub, tmp_path):
     build = write_built_dataset(tmp_path / "b", make_rows(6))
     hub.commit_fault = lambda repo, rev, n: 503 if rev == "main" else None  # main's update fails
-    with pytest.raises(HfHubHTTPError):
+    with pytest.raises(HubAccessError):
         push_dataset(build, REPO, "v1.0")
     refs = HfApi().list_repo_refs(REPO, repo_type="dataset")
     assert [t.name for t in refs.tags] == ["v1.0"] and "hs-dataset/v1.0" in {b.name for b in refs.branches}

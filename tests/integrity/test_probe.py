@@ -20,7 +20,8 @@ import pytest
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.hub.publish import push_dataset
 from hs_dataset.integrity.probe_inputs import pick_rows
-from hs_dataset.integrity.verify import ProbeOptions, verify_build, verify_repo
+from hs_dataset.hub.verify_remote import verify_repo
+from hs_dataset.integrity.verify import ProbeOptions, verify_build
 from hs_dataset.write.driver import build
 from tests.fakehub.server import running_hub
 from tests.fakehub.tools import client_subprocess_env, hub_client_env

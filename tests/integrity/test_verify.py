@@ -18,7 +18,9 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from hs_dataset.write.driver import build
 from hs_dataset.errors import ForeignFilesError, IntegrityError
 from hs_dataset.hub.publish import push_dataset
-from hs_dataset.integrity.verify import repair_command, verify_build, verify_repo
+from hs_dataset.hub.verify_remote import verify_repo
+from hs_dataset.integrity.checksums import shard_entry
+from hs_dataset.integrity.verify import repair_command, verify_build
 from hs_dataset.layout import DAMAGED_FILE, STATE_DIR
 from hs_dataset.read.open import open_dataset
 from tests.fakehub.server import running_hub
@@ -134,7 +136,7 @@ def test_a_flip_beyond_the_quick_check_is_found_by_verify_by_a_rerun_and_by_the_
     assert shard.stat().st_size > 3 * 2**20  # the middle is beyond the first and last MiB
     flip_middle(shard)
     assert verify_build(out, quick=True).ok  # the documented blind spot of the quick check
-    with pytest.raises(IntegrityError, match="train-00000-000.arrow: its content hash differs"):
+    with pytest.raises(IntegrityError, match=r"train-00000-000.arrow: block \d+ .* differs from the blocks_xxh3_64"):
         next(iter(iter_torch(open_dataset(out))))
     with pytest.raises(IntegrityError, match="train-00000-000.arrow"):
         open_dataset(out).with_format(TORCH_FORMAT)[0]
@@ -189,6 +191,32 @@ def test_the_card_and_rejects_are_verified_before_a_push(finished, tiny_model, b
         assert (out / named).read_bytes() == (ref / named).read_bytes()
     else:  # the card names its own folder; its front matter is the reference build's
         assert (out / named).read_text().split("\n---\n")[0] == (ref / named).read_text().split("\n---\n")[0]
+
+
+def test_a_shard_edited_with_its_records_in_the_manifest_and_card_fails_verify_and_push(finished, tmp_path):
+    """Issue 48, finding 3: a shard flipped together with its hashes in hs_dataset.json (whole, edges and
+    blocks) and in the card's checksum table still disagrees with the part record the build wrote."""
+    ref, _ = finished
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    damage(out, "flip")
+    meta = json.loads((out / "hs_dataset.json").read_text())
+    entry = next(s for s in meta["shards"] if s["name"] == SHARD)
+    old = entry["xxh3_128"]
+    entry.update({k: v for k, v in shard_entry(out / "data" / SHARD).items() if k != "name"})
+    assert entry["xxh3_128"] != old
+    (out / "hs_dataset.json").write_text(json.dumps(meta, indent=1))
+    card = (out / "README.md").read_text()
+    assert old in card
+    (out / "README.md").write_text(card.replace(old, entry["xxh3_128"]))
+    report = verify_build(out)
+    assert not report.ok and report.parts == [2], report.message()
+    assert f"data/{SHARD} its xxh3_128" in report.message() and ".hs_build/parts/part-00002.json" in report.message()
+    with running_hub(tmp_path) as hub, hub_client_env(hub, tmp_path / "home", token=TOKEN):
+        before = hub.dump_state()
+        with pytest.raises(IntegrityError, match=SHARD):
+            push_dataset(out, REPO, "v1.0")
+        assert hub.dump_state() == before
 
 
 def test_a_file_the_build_did_not_write_is_named_and_never_uploaded(finished, tmp_path):

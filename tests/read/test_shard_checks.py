@@ -1,20 +1,26 @@
-"""A damaged shard's rows are never handed out (trust round two, finding 4): a flipped bit or 4 KiB of
-zeros in the middle of a shard, which the listing, size and row checks of open_dataset cannot see, stops
-every tensor reader (iter_torch, TORCH_FORMAT, DataLoader workers) before the first row of that shard,
-naming it; the other shards' rows are read as usual, and each shard is hashed once."""
+"""A damaged shard's rows are never handed out (trust round two, finding 4; round three, finding 2): a flipped
+bit or 4 KiB of zeros in the middle of a shard, which the listing, size and row checks of open_dataset cannot
+see, stops every tensor reader (iter_torch, TORCH_FORMAT, windows, DataLoader workers) at the block holding
+it, naming the shard; the other shards' rows are read as usual. Blocks are checked in the pass that reads
+them and no verdict is kept: a bit flipped after a verified read (same size, time and inode) is refused on
+the next read, and a reader whose shard is replaced under it (a repair) never serves the old bytes."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from hs_dataset.errors import IntegrityError
 from hs_dataset.read import TORCH_FORMAT, DrafterCollator, iter_torch, open_dataset
+from hs_dataset.integrity.checksums import BLOCK_SIZE_KEY, BLOCKS_KEY
 from hs_dataset.read.shard_checks import CHECK_ENV
+from hs_dataset.read.windows import iter_windows
 from hs_dataset.write.driver import build
 from tests.fixtures.builds import config
 
@@ -58,7 +64,7 @@ def damaged_copy(ref: Path, tmp_path: Path, fault: str) -> tuple[Path, set[str]]
 def test_no_row_of_a_damaged_shard_is_handed_out(ref, tmp_path, fault, monkeypatch):
     out, bad_ids = damaged_copy(ref, tmp_path, fault)
     got = []
-    with pytest.raises(IntegrityError, match=f"{DAMAGED}: its content hash differs"):
+    with pytest.raises(IntegrityError, match=f"{DAMAGED}: block 0 .* differs from the blocks_xxh3_64"):
         for row in iter_torch(open_dataset(out), batch_size=1):
             got.append(row["id"])
     assert len(got) == 8 and not set(got) & bad_ids  # the two shards before it, none of its own rows
@@ -78,11 +84,70 @@ def test_no_row_of_a_damaged_shard_is_handed_out(ref, tmp_path, fault, monkeypat
     assert len(list(iter_torch(open_dataset(out), batch_size=1))) == 24
 
 
-def test_an_intact_build_is_hashed_once_and_read_as_before(ref, tmp_path):
-    rows = [r["id"] for r in iter_torch(open_dataset(ref))]
-    markers = sorted((tmp_path / "cache" / "hs_dataset" / "verified").rglob("*"))
-    verdicts = [m for m in markers if m.is_file() and not m.name.endswith(".lock")]
-    assert len(rows) == 24 and len(verdicts) == 6  # one verdict per shard
-    mtimes = [m.stat().st_mtime_ns for m in verdicts]
-    again = [r["id"] for r in iter_torch(open_dataset(ref))]
-    assert again == rows and [m.stat().st_mtime_ns for m in verdicts] == mtimes  # not hashed again
+def flip_in_place(p: Path, at: int) -> None:
+    """Flip one bit of ``p`` as bit rot does: the same file (inode), size and modification time."""
+    st = p.stat()
+    with open(p, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = p.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def test_a_bit_flipped_after_a_verified_read_is_refused_on_the_next_read(ref, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(ref, out)
+    ds = open_dataset(out)
+    assert len(list(iter_torch(ds, batch_size=1))) == 24  # a whole verified epoch
+    assert len(list(iter_windows(ds, 64))) >= 24
+    assert ds.with_format(TORCH_FORMAT)[9]["id"]
+    assert not (tmp_path / "cache").exists()  # no verdict kept anywhere
+    shard = out / "data" / DAMAGED
+    flip_in_place(shard, shard.stat().st_size // 2)
+    with pytest.raises(IntegrityError, match=f"{DAMAGED}: block 0"):
+        list(iter_torch(ds, batch_size=1))  # the same Dataset object, the next epoch
+    with pytest.raises(IntegrityError, match=DAMAGED):
+        list(iter_torch(open_dataset(out), batch_size=1))
+    with pytest.raises(IntegrityError, match=DAMAGED):
+        open_dataset(out).with_format(TORCH_FORMAT)[9]
+    with pytest.raises(IntegrityError, match=DAMAGED):
+        list(iter_windows(open_dataset(out), 64))
+
+
+def test_a_reader_of_a_shard_replaced_under_it_never_serves_the_old_bytes(ref, tmp_path):
+    """A repair replaces a damaged shard (a new file renamed over it) while a reader still maps the old one."""
+    out, bad_ids = damaged_copy(ref, tmp_path, "flip")
+    ds = open_dataset(out)  # maps the damaged file
+    good = {r["id"]: r for r in iter_torch(open_dataset(ref), batch_size=1)}
+    fresh = out / "data" / (DAMAGED + ".repaired")
+    shutil.copyfile(ref / "data" / DAMAGED, fresh)
+    os.replace(fresh, out / "data" / DAMAGED)  # the repair's rename; the manifest records the intact bytes
+    for _ in range(3):  # a reader looping over the dataset it opened before the repair
+        served = []
+        with pytest.raises(IntegrityError, match=DAMAGED):
+            for row in iter_torch(ds, batch_size=1):
+                served.append(row["id"])
+                assert all(torch.equal(v.view(torch.uint8) if v.dtype == torch.bfloat16 else v,
+                                       good[row["id"]][k].view(torch.uint8) if v.dtype == torch.bfloat16
+                                       else good[row["id"]][k]) for k, v in row.items() if isinstance(v, torch.Tensor))
+        assert not set(served) & bad_ids
+    assert len(list(iter_torch(open_dataset(out), batch_size=1))) == 24  # opened again: the repaired file
+
+
+def test_a_build_of_format_1_is_hashed_whole_at_open(ref, tmp_path):
+    """Builds recorded before block hashes keep working: each shard's whole xxh3_128 is checked when it is opened."""
+    out = tmp_path / "old"
+    shutil.copytree(ref, out)
+    meta = json.loads((out / "hs_dataset.json").read_text())
+    meta["format_version"] = 1
+    for s in meta["shards"]:
+        s.pop(BLOCKS_KEY)
+        s.pop(BLOCK_SIZE_KEY)
+    (out / "hs_dataset.json").write_text(json.dumps(meta))
+    assert [r["id"] for r in iter_torch(open_dataset(out))] == [r["id"] for r in iter_torch(open_dataset(ref))]
+    flip_in_place(out / "data" / DAMAGED, 1000)
+    with pytest.raises(IntegrityError, match=f"{DAMAGED}: its content hash differs from the xxh3_128"):
+        open_dataset(out)

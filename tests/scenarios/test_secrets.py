@@ -16,7 +16,7 @@ import pytest
 from hs_dataset.errors import SecretLeakError
 from hs_dataset.hub.publish import push_dataset
 from hs_dataset.redact import is_secret_key, redact, redact_command, split_url_auth
-from hs_dataset.integrity.verify import verify_repo
+from hs_dataset.hub.verify_remote import verify_repo
 from tests.fakehub.server import running_hub
 from tests.fakehub.tools import client_subprocess_env, hub_client_env
 
