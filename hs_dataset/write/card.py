@@ -13,6 +13,7 @@ carry it forward: see :func:`parse_history`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -28,8 +29,8 @@ from hs_dataset.layer_ids import drafter_layer_ids
 from hs_dataset.layout import FINAL_COLUMN, layer_column, utf8_safe
 from hs_dataset.records import Counts
 
-__all__ = ["checksums_section", "layer_ids_section", "parse_history", "readme_header", "render_card", "render_readme",
-           "split_readme"]
+__all__ = ["checksums_section", "content_id", "layer_ids_section", "parse_history", "readme_header", "render_card",
+           "render_readme", "split_readme"]
 
 TEMPLATE_ENV = "HS_DATASET_CARD_TEMPLATE"
 # cards/dataset_card.md in a checkout; the same file (a symlink, copied into wheels) when installed.
@@ -47,6 +48,16 @@ def split_readme(readme: str) -> tuple[str, str]:
     return match.group(0), readme[match.end():]
 
 
+def content_id(metadata: dict) -> str:
+    """``hs_dataset build <hex>``: a digest of the shards' names and content hashes (``hs_dataset.json``). The
+    card's ``configs:`` entry carries it: ``datasets`` keys its cache of a local folder by the front matter,
+    so a new build in the same folder is never read from the old build's cache."""
+    h = hashlib.sha256()
+    for f in metadata.get("shards") or []:
+        h.update(f"{f.get('name')}\0{f.get('xxh3_128')}\0".encode())
+    return f"hs_dataset build {h.hexdigest()[:16]}"
+
+
 def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format: str) -> str:
     """The README front matter that lets plain ``load_dataset(dir_or_repo)`` load the shards: ``configs:``,
     and ``dataset_info:`` (features, split size) when ``metadata`` (a build's ``hs_dataset.json``)
@@ -59,6 +70,8 @@ def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format
         "configs": [{"config_name": "default",
                      "data_files": [{"split": "train", "path": f"data/train-*.{file_format}"}]}],
     }
+    if metadata.get("shards"):  # datasets keys a folder's cache by this config: another build, another cache
+        front["configs"][0]["description"] = content_id(metadata)
     model = metadata.get("model") or {}
     if "hidden_size" in model and "layers" in metadata:
         import datasets  # deferred: only the front matter's schema needs datasets (and torch)
