@@ -267,7 +267,8 @@ def check_uploads(files: Iterable[tuple[str, Path, int]], token: str | None, sta
                   *, max_bytes: int) -> None:
     """Refuse (:class:`~hs_dataset.errors.SecretLeakError`) a file about to be uploaded that holds the
     HF ``token``, a value of ``secrets``, a string shaped like a Hugging Face token (wherever it stands), or a
-    value the build redacted (the digests in ``state``, matched in every file but the data shards). ``files``: ``(path in the repo, local path, bytes)``;
+    value the build redacted (the digests in ``state``, matched in every file but the data shards).
+    ``files``: ``(path in the repo, local path, bytes)``;
     data shards of ``max_bytes`` or more (stored with LFS) are not read; every other file is, whatever its
     size (a large ``rejects.jsonl`` too).
     """

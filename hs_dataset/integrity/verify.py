@@ -46,6 +46,7 @@ from hs_dataset.integrity.probe_inputs import hub_shard
 from hs_dataset.integrity.quality import ProbeOptions, record_probe, recorded_probe_problems, run_checks
 from hs_dataset.integrity.scan import ScanReport
 from hs_dataset.layout import DATA_DIR, META_FILE, SHARD_RE, STATE_DIR
+from hs_dataset.write.resume import COMMAND_DIR_FILE
 
 __all__ = ["ProbeOptions", "Problem", "VerifyReport", "check_files", "check_listing", "damage_of", "data_files", "read_meta",
            "recorded_shards", "repair_command", "verify_build", "verify_repo"]
@@ -219,6 +220,16 @@ def repair_command(command: str, root: Path) -> str:
     return shlex.join(words if found else [*words, "--output", here])
 
 
+def _from_build_dir(command: str, root: Path) -> str:
+    """:func:`repair_command`, run from the folder the build ran in (its relative paths), wherever verify runs."""
+    try:
+        cwd = json.loads((root / STATE_DIR / COMMAND_DIR_FILE).read_text(encoding="utf-8"))["cwd"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return repair_command(command, root)
+    fixed = repair_command(command, root.resolve())
+    return fixed if cwd == os.getcwd() else f"cd {shlex.quote(str(cwd))} && {fixed}"
+
+
 def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[str, str] | None = None,
                  mark: bool = True, probe: ProbeOptions | None = None, stats: bool = False) -> VerifyReport:
     """Verify a finished build directory against its ``hs_dataset.json``.
@@ -258,7 +269,7 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
     command = meta.get("build_command")
     again = f"the build command again (`{command}`)" if command else "the same build again (the same configuration)"
     if local:
-        here = f"the build command again (`{repair_command(str(command), root)}`)" if command else again
+        here = f"the build command again (`{_from_build_dir(str(command), root)}`)" if command else again
         # a finished build's data/ holds only listed shards: anything else is not provably the build's to delete
         foreign = [str(root / p.path) for p in problems if p.part is None and p.path.startswith(DATA_DIR + "/")
                    and (root / p.path).exists()]

@@ -52,7 +52,7 @@ from hs_dataset.write.parts import commit_part, generate_part
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import resolve_build, start_tokenize_workers
 from hs_dataset.write.resume import (check_resume, check_shrink, full_check, invalidate_finished, part_ranges, part_record,
-                                     recover)
+                                     record_command_dir, recover)
 from hs_dataset.write.shares import WorkerShare, begin_share, finish_share
 from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.backends import make_backend
@@ -188,6 +188,8 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             logger.warning("hs_dataset: the source's name looks like it holds a credential: its sample ids use %s "
                            "instead (hs_dataset.json says so)", resolve_source(config.source).name)
         record_redacted(state, secrets)  # salted digests only: push scans its uploads for them
+        if build_command is not None:
+            record_command_dir(state)  # verify's repair command runs the recorded command from there
 
         n = rows_to_build(config.source, config.max_samples)
         if config.duplicates == "skip":  # found before any capture, the same for every part and worker

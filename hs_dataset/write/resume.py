@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,9 @@ from hs_dataset.redact import redact_text
 from hs_dataset.records import Counts
 from hs_dataset.layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
 
-__all__ = ["FINGERPRINT_FIELDS", "RESUMABLE_CHANGES", "check_resume", "check_shrink", "full_check", "invalidate_finished",
-           "note_moving",
-           "part_files", "part_ranges", "part_record", "recover"]
+__all__ = ["COMMAND_DIR_FILE", "FINGERPRINT_FIELDS", "RESUMABLE_CHANGES", "check_resume", "check_shrink", "full_check",
+           "invalidate_finished", "note_moving", "part_files", "part_ranges", "part_record", "record_command_dir",
+           "recover"]
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +214,15 @@ def invalidate_finished(out: Path, state: Path) -> None:
 # on_nonfinite fail -> reject: a part written under "fail" holds no non-finite state (it would have
 # stopped the build), so it is what "reject" would have written.
 RESUMABLE_CHANGES: dict[str, set[tuple[Any, Any]]] = {"on_nonfinite": {("fail", "reject")}}
+
+
+# In STATE_DIR: the folder the build command ran in, so that the repair command verify prints runs from anywhere.
+COMMAND_DIR_FILE = "command_dir.json"
+
+
+def record_command_dir(state: Path) -> None:
+    """Record this process's working folder (the build command's relative paths are relative to it)."""
+    atomic_write(state / COMMAND_DIR_FILE, json.dumps({"cwd": os.getcwd()}))
 
 
 # The model's fingerprint (hs_dataset.model_fingerprint): recorded when a build first knows it (builds made before
