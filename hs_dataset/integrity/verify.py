@@ -190,6 +190,10 @@ def check_files(root: Path, meta: dict[str, Any], *, quick: bool,
         rel = f"{DATA_DIR}/{s['name']}"
         if rel in named:
             continue  # missing or of the wrong size: said already
+        if (root / STATE_DIR).is_dir() and (root / rel).is_symlink():  # the rule the build applies (write/output.py)
+            problems.append(Problem(rel, "is a symbolic link, not a file of this build (a build refuses it too): "
+                                         "replace it by the file it points to", _part(s["name"])))
+            continue
         why = check_shard(root / rel, s, quick=quick, digest=(digests or {}).get(rel))
         if why is not None:
             problems.append(Problem(rel, why, _part(s["name"])))

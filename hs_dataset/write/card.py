@@ -26,7 +26,7 @@ import yaml
 from hs_dataset.write.card_quality import quality_section
 from hs_dataset.errors import MissingPathError
 from hs_dataset.layer_ids import drafter_layer_ids
-from hs_dataset.layout import FINAL_COLUMN, layer_column, utf8_safe
+from hs_dataset.layout import FINAL_COLUMN, escape_controls, layer_column, utf8_safe
 from hs_dataset.records import Counts
 
 __all__ = ["checksums_section", "content_id", "layer_ids_section", "parse_history", "readme_header", "render_card",
@@ -114,7 +114,8 @@ def _cell(value: Any) -> str:
         return "n/a"
     if isinstance(value, (list, tuple)):
         value = ", ".join(str(v) for v in value)
-    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    text = str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return escape_controls(text)  # ESC, BEL, U+202E of a file name: escaped, never raw in the card
 
 
 def _code(value: Any) -> str:
@@ -157,6 +158,9 @@ def load_snippet(repo_id: str | None, version: str, local_dir: str | None) -> st
         where = local_dir or "<build directory>"
         return ("## Load this build\n\n```python\nfrom hs_dataset.read import open_dataset\n\n"
                 f'ds = open_dataset("{_code(where)}")  # memory-maps the shards in place\n```\n\n'
+                "`open_dataset` checks every shard against the xxh3-128 hashes below and keeps no copy. Plain "
+                "`load_dataset(DIR)` works too, but checks no hash (a damaged or replaced shard is served) and keeps "
+                "an Arrow copy in the `datasets` cache.\n\n"
                 "Publish it as a version with `hs-dataset push DIR org/name --version v1.0`.")
     repo, rev = _code(repo_id), _code(version)
     return ("## Load a pinned version\n\n```python\n"
@@ -171,7 +175,8 @@ def load_snippet(repo_id: str | None, version: str, local_dir: str | None) -> st
             "where they are: opened again, nothing is downloaded. Plain `datasets` works too: "
             f'`load_dataset("{repo}", revision="{rev}", split="train")`, but it keeps two more copies of the data '
             "(the hub cache, and the Arrow conversion in the `datasets` cache), and `with_format(\"torch\")` gives "
-            "int64 copies of the stored bits, not bf16 (decode them as below).\n\n"
+            "int64 copies of the stored bits, not bf16 (decode them as below); it checks none of the xxh3-128 "
+            "hashes below.\n\n"
             "Each published version is a git tag of this repository; `main` holds the newest version.\n"
             "Pin a `revision` for training runs that must be reproducible.")
 
@@ -293,7 +298,7 @@ def render_card(metadata: dict, extra: dict) -> str:
     history = list(extra.get("history") or [])
     tags = dict(extra.get("tags") or {})
     build_command = extra.get("build_command") or metadata.get("build_command") or "n/a"
-    build_command = str(build_command).replace("~~~~", "~ ~ ~ ~")
+    build_command = escape_controls(str(build_command).replace("~~~~", "~ ~ ~ ~"))
 
     versions = backend.get("versions") or {}
     versions_table = "\n".join(
