@@ -17,6 +17,7 @@ files' content hashes at once (:mod:`hs_dataset.read.open`).
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -30,6 +31,7 @@ from huggingface_hub.errors import EntryNotFoundError, HFValidationError
 from hs_dataset.errors import HubAccessError, NotABuildError, OutputWriteError
 from hs_dataset.hub.access import hub_errors
 from hs_dataset.hub.versions import REPO_TYPE, remote_files
+from hs_dataset.integrity.metadata import REJECTS_HASH_KEY
 from hs_dataset.integrity.verify import VerifyReport, check_listing, read_meta, recorded_shards
 from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE
 
@@ -99,20 +101,54 @@ def download_version(repo_id: str, *, revision: str | None = None, token: str | 
         assert commit is not None, "the Hub answered a dataset's info without its commit"
         folder = Path(local_dir) if local_dir is not None else default_version_dir(repo_id, commit)
         where = f"{repo_id}@{revision or 'main'} ({commit})"
+        if _complete_here(folder, commit):  # nothing to fetch: no write either (a read-only cache opens)
+            return LocalVersion(repo_id, revision or "main", commit, folder, ())
         try:
-            api.hf_hub_download(repo_id, META_FILE, repo_type=REPO_TYPE, revision=commit, local_dir=folder)
-        except EntryNotFoundError:
-            raise NotABuildError(f"{where} holds no {META_FILE}: not an hs_dataset version") from None
-        meta = read_meta(folder)
-        _check_remote_listing(api, repo_id, commit, meta, where)
-        _remove_stale_partials(folder)
-        _check_space(folder, meta)
-        before = _file_states(folder)
-        api.snapshot_download(repo_id, repo_type=REPO_TYPE, revision=commit, local_dir=folder,
-                              allow_patterns=VERSION_FILES)
+            try:
+                api.hf_hub_download(repo_id, META_FILE, repo_type=REPO_TYPE, revision=commit, local_dir=folder)
+            except EntryNotFoundError:
+                raise NotABuildError(f"{where} holds no {META_FILE}: not an hs_dataset version") from None
+            meta = read_meta(folder)
+            _check_remote_listing(api, repo_id, commit, meta, where)
+            _remove_stale_partials(folder)
+            _check_space(folder, meta)
+            before = _file_states(folder)
+            api.snapshot_download(repo_id, repo_type=REPO_TYPE, revision=commit, local_dir=folder,
+                                  allow_patterns=VERSION_FILES)
+        except OSError as e:
+            if isinstance(e, OutputWriteError) or e.errno not in _WRITE_ERRORS:
+                raise
+            raise OutputWriteError(e.errno, f"cannot download {where} into {folder}: {e.strerror or e} "
+                                            f"({e.filename or folder}); set HF_HOME to a writable folder with room, or "
+                                            "pass local_dir= one", path=str(folder)) from None
     after = _file_states(folder)
     fetched = tuple(sorted(p for p, state in after.items() if before.get(p) != state))
     return LocalVersion(repo_id, revision or "main", commit, folder, fetched)
+
+
+# what a download into a read-only, full or foreign folder raises: one line naming the folder, not a traceback
+_WRITE_ERRORS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
+
+
+def _complete_here(folder: Path, commit: str) -> bool:
+    """Whether ``folder`` holds every file of the version at ``commit`` already (huggingface_hub's record of each
+    names that commit; every recorded shard at its size): then opening it needs neither a request nor a write."""
+    try:
+        meta = read_meta(folder)
+    except (OSError, NotABuildError, ValueError):
+        return False
+    names = [META_FILE, README_FILE] + [f"{DATA_DIR}/{s['name']}" for s in recorded_shards(meta, "")]
+    if REJECTS_HASH_KEY in meta:  # a version written before rejects were hashed may have no rejects.jsonl
+        names.append(REJECTS_FILE)
+    record = folder / ".cache" / "huggingface" / "download"
+    for name in names:
+        try:
+            noted = (record / f"{name}.metadata").read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return False
+        if not noted or noted[0].strip() != commit or not (folder / name).is_file():
+            return False
+    return all((folder / DATA_DIR / s["name"]).stat().st_size == int(s["bytes"]) for s in recorded_shards(meta, ""))
 
 
 def _check_remote_listing(api: HfApi, repo_id: str, commit: str, meta: dict, where: str) -> None:

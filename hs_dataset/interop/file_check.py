@@ -4,8 +4,9 @@ The model check (:mod:`hs_dataset.interop.model_check`) recomputes a few files s
 (:func:`spread`); a folder mixing two models (or two layer sets) of the same shapes would pass it whenever the odd
 files are not among them. So every file also gets a cheap fingerprint, per stored state: the mean over its tokens
 (``[H]``: a model's residual stream has the same large channels whatever the text) and the median token norm
-(the sink token's outlier left out). A file's fingerprint is compared with the reference, the mean of the files
-the model check verified (the folder's median when it was skipped): a per-state cosine below
+(the sink token's outlier left out), over the loss-masked positions. A file's fingerprint is compared with the
+reference, the mean of the files the model check verified (the folder's median when it was skipped): a per-state
+cosine below
 :data:`MIN_MEAN_COSINE` (another model: near 0) or a median norm off by more than a factor ``exp(``
 :data:`MAX_LOG_NORM` ``)`` (another layer: the stream grows layer by layer) marks the file odd, and the import is
 refused naming the odd files. On the tiny test models (``tests/interop/test_import_checks.py``): files of the
@@ -38,9 +39,12 @@ def spread(items: Sequence[int], n: int) -> list[int]:
     return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)]
 
 
-def fingerprint(states: torch.Tensor) -> FileFingerprint:
-    """A file's fingerprint from its states ``[S, T, H]``."""
+def fingerprint(states: torch.Tensor, loss_mask: torch.Tensor | None = None) -> FileFingerprint:
+    """A file's fingerprint from its states ``[S, T, H]``, over its loss-masked positions (all when none is): a
+    padded batch's tail (SpecForge) is left out."""
     x = states.float()
+    if loss_mask is not None and bool(loss_mask.bool().any()):
+        x = x[:, loss_mask.bool()]
     return x.mean(dim=1), x.norm(dim=-1).median(dim=1).values
 
 

@@ -208,7 +208,8 @@ def _check_files(backend: FileCaptureBackend, src: ForeignSource, lines: list[di
                  picks: list[int], checked: bool, folder: Path) -> str:
     """Every usable file's fingerprint against the files the model check verified (hs_dataset.interop.file_check)."""
     usable = [k for k in range(len(lines)) if k not in src.errors]
-    prints = {str(src.files[k].path): fingerprint(r.states) for k, r in _file_states(backend, src, lines, usable)
+    prints = {str(src.files[k].path): fingerprint(r.states, torch.from_numpy(r.sample.loss_mask[:r.states.shape[1]]))
+              for k, r in _file_states(backend, src, lines, usable)
               if bool(torch.isfinite(r.states).all())}  # NaN/Inf: that file's reject
     if len(prints) < 2:
         return "file check: fewer than 2 files to compare"
