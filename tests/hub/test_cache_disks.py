@@ -52,3 +52,29 @@ def test_a_read_only_or_full_disk_is_one_line_and_a_complete_version_needs_no_wr
     with pytest.raises(OutputWriteError) as e:
         download_version(REPO, revision="v1.0", local_dir=mnt / "v3")
     assert str(mnt / "v3") in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_cli_on_a_read_only_or_full_hf_cache_says_one_line(hub, disk, tmp_path):
+    import sys
+
+    from tests.fakehub.tools import client_subprocess_env
+
+    mnt, remount = disk
+    build = random_build(tmp_path, samples=4, tokens=64, hidden=256, part_size=2)
+    env = client_subprocess_env(hub, mnt / "home", token=TOKEN)
+    (mnt / "home").mkdir()
+    push = subprocess.run([sys.executable, "-m", "hs_dataset.cli", "push", str(build), REPO, "--version", "v1.0",
+                           "--no-progress"], capture_output=True, text=True, env=env, timeout=300)
+    assert push.returncode == 0, push.stderr[-2000:]
+    for ro in (True, False):
+        if ro:
+            remount(True)
+        else:  # the cache full: every byte of the disk taken
+            remount(False)
+            subprocess.run(["sh", "-c", f"cat /dev/zero > {mnt / 'filler'}"], capture_output=True)
+        r = subprocess.run([sys.executable, "-m", "hs_dataset.cli", "verify", REPO, "--revision", "v1.0"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 2, (ro, r.returncode, r.stderr[-3000:])
+        assert "Traceback" not in r.stderr, r.stderr[-3000:]
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("hs-dataset verify: error: ") and str(mnt) in last, last
