@@ -4,7 +4,7 @@ The model check (:mod:`hs_dataset.interop.model_check`) recomputes a few files s
 (:func:`spread`); a folder mixing two models (or two layer sets) of the same shapes would pass it whenever the odd
 files are not among them. So every file also gets a cheap fingerprint, per stored state: the mean over its tokens
 (``[H]``: a model's residual stream has the same large channels whatever the text) and the median token norm
-(the sink token's outlier left out), over the loss-masked positions. A file's fingerprint is compared with the
+(the sink token's outlier left out; over the loss-masked positions). A file's fingerprint is compared with the
 reference, the mean of the files the model check verified (the folder's median when it was skipped): a per-state
 cosine below
 :data:`MIN_MEAN_COSINE` (another model: near 0) or a median norm off by more than a factor ``exp(``
@@ -40,12 +40,14 @@ def spread(items: Sequence[int], n: int) -> list[int]:
 
 
 def fingerprint(states: torch.Tensor, loss_mask: torch.Tensor | None = None) -> FileFingerprint:
-    """A file's fingerprint from its states ``[S, T, H]``, over its loss-masked positions (all when none is): a
-    padded batch's tail (SpecForge) is left out."""
+    """A file's fingerprint from its states ``[S, T, H]``: the mean over every position (a mean over few positions
+    is noise), the median norm over the loss-masked ones (all when none is: a padded batch's tail, SpecForge's,
+    left out)."""
     x = states.float()
+    norms = x.norm(dim=-1)
     if loss_mask is not None and bool(loss_mask.bool().any()):
-        x = x[:, loss_mask.bool()]
-    return x.mean(dim=1), x.norm(dim=-1).median(dim=1).values
+        norms = norms[:, loss_mask.bool()]
+    return x.mean(dim=1), norms.median(dim=1).values
 
 
 def check_same_source(prints: dict[str, FileFingerprint], reference: Iterable[str], names: Sequence[str],
