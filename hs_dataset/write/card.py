@@ -49,9 +49,8 @@ def split_readme(readme: str) -> tuple[str, str]:
 
 
 def content_id(metadata: dict) -> str:
-    """``hs_dataset build <hex>``: a digest of the shards' names and content hashes (``hs_dataset.json``). The
-    card's ``configs:`` entry carries it: ``datasets`` keys its cache of a local folder by the front matter,
-    so a new build in the same folder is never read from the old build's cache."""
+    """``hs_dataset build <hex>`` of the shards' names and hashes: in ``configs:``, which ``datasets`` keys a
+    folder's cache by (a new build in the same folder is never read from the old one's cache)."""
     h = hashlib.sha256()
     for f in metadata.get("shards") or []:
         h.update(f"{f.get('name')}\0{f.get('xxh3_128')}\0".encode())
@@ -70,7 +69,7 @@ def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format
         "configs": [{"config_name": "default",
                      "data_files": [{"split": "train", "path": f"data/train-*.{file_format}"}]}],
     }
-    if metadata.get("shards"):  # datasets keys a folder's cache by this config: another build, another cache
+    if metadata.get("shards"):
         front["configs"][0]["description"] = content_id(metadata)
     model = metadata.get("model") or {}
     if "hidden_size" in model and "layers" in metadata:
