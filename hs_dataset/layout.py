@@ -29,7 +29,7 @@ __all__ = [
     "ResponsesMode", "SAMPLE_ID_MODES", "SHARD_RE", "STATE_DIR", "STORAGE_DTYPES", "TRUNCATION_MODES", "BackendName",
     "FileFormat", "MaskMode", "NonfinitePolicy",
     "SampleIdMode", "StorageDtype", "TruncationMode", "layer_column", "layer_of", "scale_column", "shard_name",
-    "state_columns", "utf8_safe",
+    "escape_controls", "state_columns", "utf8_safe",
     "SHARES_DIR", "SHARE_FILE", "share_dir_name",
 ]
 
@@ -137,6 +137,18 @@ def scale_column(column: str) -> str:
 
 # -- text ----------------------------------------------------------------------------------------------
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Control characters (ESC, BEL, ...) and the bidirectional overrides (U+202E) of a file name would act on a terminal
+# or reorder the text of a card: escaped where a name is shown or becomes a sample id.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with control characters and bidirectional overrides escaped (``\\x1b``, ``\\u202e``)."""
+    def escape(m: re.Match) -> str:
+        o = ord(m.group(0))
+        return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+
+    return _CONTROL.sub(escape, text)
 
 
 def utf8_safe(text: str) -> str:

@@ -14,13 +14,14 @@ recorded build command:
 * the user-info of a URL (``http://user:password@host`` -> ``http://***@host``), URL query values
   with such names (``?api_key=...``) and ``NAME=value`` with such a name anywhere in a string (a path
   component ``/models/tok_password=.../``), in any string;
-* strings shaped like a Hugging Face token (``hf_`` + 20 or more letters/digits);
+* strings shaped like a Hugging Face token (``hf_`` + 20 or more letters/digits), whatever stands before or
+  after them (``export_hf_<token>.jsonl``);
 * in a command line: ``--set a.b.api_key=...``, ``KEY=...`` and ``--some-token VALUE`` /
   ``--some-token=VALUE`` arguments, and JSON values holding any of the above.
 
 The build keeps salted sha256 digests of the values it redacted in ``.hs_build/redacted.json``
 (local, never published, never the values themselves); ``push`` scans every file it uploads for
-them (and for the HF token and any value given to it), and refuses a file that holds one.
+them (and for the HF token, any value given to it and any token-shaped string), and refuses a file that holds one.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ _SUFFIXES = ("token", "secret", "password", "apikey")
 _WORD_RE = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 _URL_USER = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/\s:@?#'\"]*)(?::([^/\s@?#'\"]*))?@")
 _QUERY = re.compile(r"([?&;])([^=&#\s'\"]+)=([^&#\s'\"]*)")
-_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
+# wherever it stands: a file name export_hf_<token>.jsonl or hf_<token>2 holds one too
+_HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{20,}")
+_HF_TOKEN_BYTES = re.compile(_HF_TOKEN.pattern.encode())
 # NAME=value anywhere in a string (a path component /models/tok_password=x/, an environment assignment)
 _KEY_VALUE = re.compile(r"(?<![\w.\-])([A-Za-z_][\w.\-]*)=([^\s/&;'\"#?,]+)")
 _ARG_KEY = re.compile(r"[A-Za-z_][\w.\-]*")
@@ -263,8 +266,9 @@ def find_secret(data: bytes, plain: Iterable[tuple[str, str]], registry: dict[st
 def check_uploads(files: Iterable[tuple[str, Path, int]], token: str | None, state: Path, secrets: Iterable[str] = (),
                   *, max_bytes: int) -> None:
     """Refuse (:class:`~hs_dataset.errors.SecretLeakError`) a file about to be uploaded that holds the
-    HF ``token``, a value of ``secrets``, or a value the build redacted (the digests in ``state``,
-    matched in every file but the data shards). ``files``: ``(path in the repo, local path, bytes)``;
+    HF ``token``, a value of ``secrets``, a string shaped like a Hugging Face token (wherever it stands), or a
+    value the build redacted (the digests in ``state``, matched in every file but the data shards).
+    ``files``: ``(path in the repo, local path, bytes)``;
     data shards of ``max_bytes`` or more (stored with LFS) are not read; every other file is, whatever its
     size (a large ``rejects.jsonl`` too).
     """
@@ -275,7 +279,10 @@ def check_uploads(files: Iterable[tuple[str, Path, int]], token: str | None, sta
     for rel, path, size in files:
         if size >= max_bytes and rel.startswith("data/"):
             continue
-        where = find_secret(path.read_bytes(), plain, None if rel.startswith("data/") else registry)
+        data = path.read_bytes()
+        where = find_secret(data, plain, None if rel.startswith("data/") else registry)
+        if where is None and _HF_TOKEN_BYTES.search(data):
+            where = "a string shaped like a Hugging Face token (hf_...)"
         if where is not None:
             what = where if where == "your Hugging Face token" else f"a credential ({where})"
             raise SecretLeakError(f"refusing to upload {rel}: it contains {what}. Remove it from the file (or "

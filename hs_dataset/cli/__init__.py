@@ -21,6 +21,7 @@ traceback); Ctrl-C exits 130 (run the same command again to resume); other error
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -97,6 +98,9 @@ class _Terminated:
         interrupt_or_defer()
 
 
+_DISK_ERRORS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES}
+
+
 def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     """Run one command; return its exit status (2: an error the message says how to fix, 130: Ctrl-C,
     143: SIGTERM; after either, the same command resumes a build). ``exiting``: the process exits next
@@ -137,6 +141,18 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except OSError as e:  # a read-only or full disk (the HF cache, an output): one line naming the path
+        if e.errno not in _DISK_ERRORS:
+            raise
+        if _debug(a):
+            traceback.print_exc()
+        prog = f"hs-dataset {a.cmd}" if a is not None else "hs-dataset"
+        home = os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface")
+        where = e.filename or f"a file (the Hub cache is HF_HOME={home}; the output is where --output says)"
+        print(f"{prog}: error: cannot write {where}: {e.strerror}; free space there, or point "
+              "HF_HOME (the Hub cache) or --output at a writable disk with room, then run the same command again",
+              file=sys.stderr)
+        return EXIT_USER_ERROR
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

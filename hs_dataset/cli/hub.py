@@ -78,7 +78,10 @@ def push(build_dir: str, repo_id: str, version: str, *, force: bool, as_json: bo
     if r.forced and r.previous_commit:
         print(f"  replaced commit {r.previous_commit[:12]} (recorded in the card)")
     print(f"  main: {'now this version' if r.main_updated else 'left alone (a newer version is there)'}")
-    print(f'  load: load_dataset("{repo_id}", revision="{r.version}")')
+    print(f'  open: open_dataset("{repo_id}", revision="{r.version}")  (hs_dataset.read: every shard checked, one '
+          'copy on disk)')
+    print(f'  load: load_dataset("{repo_id}", revision="{r.version}")  (plain datasets: no shard hash checked, two '
+          'more copies; docs/datasets-compat.md)')
 
 
 def cmd_push(a: argparse.Namespace) -> int:

@@ -131,6 +131,13 @@ def show_plan(config, a: argparse.Namespace) -> int:
             shares.append((k, len(parts), f"{samples:,}", f"{tokens:,}", duration(tokens / rate) if rate else "n/a"))
         for line in table(("share", "parts", "samples", "tokens", "time"), shares):
             print(line)
+    if not len(p.lengths):  # what the build would stop with (EmptyBuildError): exit 2 like it
+        from hs_dataset.errors import EmptyBuildError  # deferred: as the other imports of this command
+
+        why = (f"all {len(p.rejects):,} samples{est} would be rejected (the rejects above say why)" if p.rejects
+               else f"the source {config.source} has no rows (max_samples: {limit})")
+        raise EmptyBuildError(f"{a.script}: no sample would be written: {why}; the build would stop. Fix the source "
+                              "or the configuration")
     return 0
 
 

@@ -65,8 +65,10 @@ def print_rejects(rejects: list[dict], total: int, *, most: int = 8, file=None) 
         return
     share = len(rejects) / max(total, 1)
     print(f"rejects:   {len(rejects):,} of {total:,} samples ({share:.1%}), by reason:", file=file)
-    rows = [(f"{g.count:,}", g.stage, f"{g.field}: {g.reason}"[:160], g.example[:60]) for g in groups[:most]]
-    for line in table(("count", "stage", "field: reason", "e.g. sample"), rows):
+    # the example's own reason: its numbers say what was wrong (the group's reason has them folded to N)
+    rows = [(f"{g.count:,}", g.stage, f"{g.field}: {g.example_reason or g.reason}"[:160], g.example[:60])
+            for g in groups[:most]]
+    for line in table(("count", "stage", "field: reason (of the sample named)", "e.g. sample"), rows):
         print(line, file=file)
     if len(groups) > most:
         print(f"  ... and {len(groups) - most} more kinds", file=file)

@@ -56,6 +56,10 @@ def hub_error(e: BaseException, endpoint: str | None = None, repo_id: str | None
         if status == 404 or isinstance(e, herr.RepositoryNotFoundError):
             return HubAccessError(f"{what}: not found (404){said}: check the repo id; a private repo needs a "
                                   f"token ({LOGIN})")
+        if status == 412:  # a commit's parent_commit is no longer the branch's head: another writer moved it
+            return HubAccessError(f"{what}: another push changed the repo while this one ran (412: the branch it "
+                                  f"committed to moved){said}; this push published nothing. Run the same command "
+                                  "again: it starts from what is there now")
         if status is not None and status >= 500:
             return HubAccessError(f"{ep} answered {status}{said}: the Hub has a problem; run the same command "
                                   "again later (a push resumes)")

@@ -19,6 +19,7 @@ the next call downloads it again. ``verify_repo`` (:mod:`hs_dataset.hub.verify_r
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -33,6 +34,7 @@ from hs_dataset.errors import IntegrityError, NotABuildError, OutputWriteError
 from hs_dataset.hub.access import hub_call
 from hs_dataset.hub.versions import REPO_TYPE, remote_files
 from hs_dataset.integrity.checksums import check_shard
+from hs_dataset.integrity.metadata import REJECTS_HASH_KEY
 from hs_dataset.integrity.verify import Problem, VerifyReport, check_listing, read_meta, recorded_shards
 from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE
 
@@ -110,10 +112,13 @@ def remote_version(repo_id: str, *, revision: str | None = None, token: str | No
     assert commit is not None, "the Hub answered a dataset's info without its commit"
     folder = Path(local_dir) if local_dir is not None else default_version_dir(repo_id, commit)
     where = f"{repo_id}@{revision or 'main'} ({commit})"
-    try:
-        api.hf_hub_download(repo_id, META_FILE, repo_type=REPO_TYPE, revision=commit, local_dir=folder)
-    except EntryNotFoundError:
-        raise NotABuildError(f"{where} holds no {META_FILE}: not an hs_dataset version") from None
+    if not _complete_here(folder, commit):  # else its hs_dataset.json is there: no write (a read-only cache)
+        try:
+            api.hf_hub_download(repo_id, META_FILE, repo_type=REPO_TYPE, revision=commit, local_dir=folder)
+        except EntryNotFoundError:
+            raise NotABuildError(f"{where} holds no {META_FILE}: not an hs_dataset version") from None
+        except OSError as e:
+            raise _write_error(e, where, folder) from None
     meta = read_meta(folder)
     prefix = DATA_DIR + "/"
     present = {p[len(prefix):]: int(f.size) for p, f in remote_files(api, repo_id, commit).items()
@@ -148,13 +153,18 @@ def download_version(repo_id: str, *, revision: str | None = None, token: str | 
         OutputWriteError: the disk under the folder has too little space left for the files still to fetch.
     """
     remote = remote_version(repo_id, revision=revision, token=token, endpoint=endpoint, local_dir=local_dir)
-    remote.listing.raise_if_bad()
     folder = remote.folder
-    _remove_stale_partials(folder)
-    _check_space(folder, remote.meta)
-    before = _file_states(folder)
-    HfApi(endpoint=endpoint, token=token).snapshot_download(repo_id, repo_type=REPO_TYPE, revision=remote.commit,
-                                                            local_dir=folder, allow_patterns=VERSION_FILES)
+    if _complete_here(folder, remote.commit):  # nothing to fetch: no write either (a read-only cache opens)
+        return LocalVersion(repo_id, revision or "main", remote.commit, folder, ())
+    remote.listing.raise_if_bad()
+    try:
+        _remove_stale_partials(folder)
+        _check_space(folder, remote.meta)
+        before = _file_states(folder)
+        HfApi(endpoint=endpoint, token=token).snapshot_download(repo_id, repo_type=REPO_TYPE, revision=remote.commit,
+                                                                local_dir=folder, allow_patterns=VERSION_FILES)
+    except OSError as e:
+        raise _write_error(e, remote.where, folder) from None
     after = _file_states(folder)
     fetched = tuple(sorted(p for p, state in after.items() if before.get(p) != state))
     version = LocalVersion(repo_id, revision or "main", remote.commit, folder, fetched)
@@ -176,6 +186,40 @@ def _check_fetched(version: LocalVersion, meta: dict) -> None:
                                  "again to download it again; if it is refused again, the published file is damaged "
                                  f"(`hs-dataset verify {version.repo_id} --revision {version.revision}` names it) "
                                  "and the version must be pushed again", [Problem(rel, "content hash differs")])
+
+
+# what a download into a read-only, full or foreign folder raises: one line naming the folder, not a traceback
+_WRITE_ERRORS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
+
+
+def _write_error(e: OSError, where: str, folder: Path) -> OSError:
+    """A download's failure to write as one line naming the folder (``OutputWriteError``); other errors as they are."""
+    if isinstance(e, OutputWriteError) or e.errno not in _WRITE_ERRORS:
+        return e
+    return OutputWriteError(e.errno, f"cannot download {where} into {folder}: {e.strerror or e} "
+                                     f"({e.filename or folder}); set HF_HOME to a writable folder with room, or pass "
+                                     "local_dir= one", path=str(folder))
+
+
+def _complete_here(folder: Path, commit: str) -> bool:
+    """Whether ``folder`` holds every file of the version at ``commit`` already (huggingface_hub's record of each
+    names that commit; every recorded shard at its size): then opening it needs neither a request nor a write."""
+    try:
+        meta = read_meta(folder)
+    except (OSError, NotABuildError, ValueError):
+        return False
+    names = [META_FILE, README_FILE] + [f"{DATA_DIR}/{s['name']}" for s in recorded_shards(meta, "")]
+    if REJECTS_HASH_KEY in meta:  # a version written before rejects were hashed may have no rejects.jsonl
+        names.append(REJECTS_FILE)
+    record = folder / ".cache" / "huggingface" / "download"
+    for name in names:
+        try:
+            noted = (record / f"{name}.metadata").read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return False
+        if not noted or noted[0].strip() != commit or not (folder / name).is_file():
+            return False
+    return all((folder / DATA_DIR / s["name"]).stat().st_size == int(s["bytes"]) for s in recorded_shards(meta, ""))
 
 
 def _file_states(folder: Path) -> dict[str, tuple[int, int, int]]:

@@ -45,6 +45,7 @@ from hs_dataset.integrity.probe import ProbeReport
 from hs_dataset.integrity.quality import ProbeOptions, record_probe, recorded_probe_problems, run_checks
 from hs_dataset.integrity.scan import ScanReport
 from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, SHARD_RE, STATE_DIR
+from hs_dataset.write.resume import COMMAND_DIR_FILE
 
 __all__ = ["ProbeOptions", "Problem", "VerifyReport", "check_files", "check_records", "check_listing", "damage_of",
            "data_files", "read_meta",
@@ -189,6 +190,10 @@ def check_files(root: Path, meta: dict[str, Any], *, quick: bool,
         rel = f"{DATA_DIR}/{s['name']}"
         if rel in named:
             continue  # missing or of the wrong size: said already
+        if (root / STATE_DIR).is_dir() and (root / rel).is_symlink():  # the rule the build applies (write/output.py)
+            problems.append(Problem(rel, "is a symbolic link, not a file of this build (a build refuses it too): "
+                                         "replace it by the file it points to", _part(s["name"])))
+            continue
         why = check_shard(root / rel, s, quick=quick, digest=(digests or {}).get(rel))
         if why is not None:
             problems.append(Problem(rel, why, _part(s["name"])))
@@ -266,6 +271,16 @@ def repair_command(command: str, root: Path) -> str:
     return shlex.join(words if found else [*words, "--output", here])
 
 
+def _from_build_dir(command: str, root: Path) -> str:
+    """:func:`repair_command`, run from the folder the build ran in (its relative paths), wherever verify runs."""
+    try:
+        cwd = json.loads((root / STATE_DIR / COMMAND_DIR_FILE).read_text(encoding="utf-8"))["cwd"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return repair_command(command, root)
+    fixed = repair_command(command, root.resolve())
+    return fixed if cwd == os.getcwd() else f"cd {shlex.quote(str(cwd))} && {fixed}"
+
+
 def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[str, str] | None = None,
                  mark: bool = True, probe: ProbeOptions | None = None, stats: bool = False) -> VerifyReport:
     """Verify a finished build directory against its ``hs_dataset.json``.
@@ -306,7 +321,7 @@ def verify_build(path: str | os.PathLike, *, quick: bool = False, digests: dict[
     command = meta.get("build_command")
     again = f"the build command again (`{command}`)" if command else "the same build again (the same configuration)"
     if local:
-        here = f"the build command again (`{repair_command(str(command), root)}`)" if command else again
+        here = f"the build command again (`{_from_build_dir(str(command), root)}`)" if command else again
         # a finished build's data/ holds only listed shards: anything else is not provably the build's to delete
         foreign = [str(root / p.path) for p in problems if p.part is None and p.path.startswith(DATA_DIR + "/")
                    and (root / p.path).exists()]

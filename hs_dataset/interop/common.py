@@ -138,6 +138,11 @@ class ExportFrame:
         if not self.aux:
             raise InteropError(f"no aux layers to export: {self.src} stores {self.stored}")
         self.warnings: list[str] = []
+        teacher = self.meta.get("teacher") or {}
+        if teacher.get("k"):  # no peer format has a place for them: said, never dropped silently
+            self.warnings.append(f"teacher top-{teacher['k']} columns (teacher_ids, teacher_logprobs, teacher_lse) are "
+                                 f"not exported: the {fmt} layout has no place for them; read them from {self.src} "
+                                 "with hs_dataset.read")
         self.ids: list[str] = []
         self.files = 0
         self.nbytes = 0

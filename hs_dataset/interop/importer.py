@@ -29,7 +29,8 @@ from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import InteropError, SampleError
 from hs_dataset.interop.common import ImportedSample, Peek, SourceFile
 from hs_dataset.interop.final_norm import FinalNorm, load_final_norm
-from hs_dataset.interop.model_check import check_model as model_check
+from hs_dataset.interop.file_check import check_same_source, fingerprint, spread
+from hs_dataset.interop.model_check import CHECK_SAMPLES, check_model as model_check
 from hs_dataset.layout import STATE_DIR, FileFormat, StorageDtype
 from hs_dataset.model_info import ModelInfo, check_layers, read_model_info
 from hs_dataset.prepare.tokenizer import load_tokenizer
@@ -93,7 +94,12 @@ class FileCaptureBackend:
 
     def capture(self, samples: Iterable[TokenizedSample]) -> Iterator[CaptureResult | Reject]:
         for s in samples:
-            k = int(s.sample_id.rsplit(":", 1)[1])
+            index = s.sample_id.rpartition(":")[2]  # <the index's name>:<row>
+            if ":" not in s.sample_id or not index.isdigit() or int(index) >= len(self._src.files):
+                # a sample of no file (the build's model probe, hs_dataset.model_fingerprint): nothing to read
+                yield Reject(s.sample_id, "input_ids", "not a file of this import", "import")
+                continue
+            k = int(index)
             f = self._src.files[k]
             if k in self._src.errors:
                 fld, reason = self._src.errors[k]
@@ -188,14 +194,28 @@ def _resolve_layers(src: ForeignSource, info: ModelInfo, layers: Iterable[int] |
     return out
 
 
-def _file_states(backend: FileCaptureBackend, src: ForeignSource,
-                 lines: list[dict[str, Any]]) -> Iterator[CaptureResult]:
-    """The states the import would store for each usable file, in order (read lazily)."""
-    for k, line in enumerate(lines):
-        if k not in src.errors:
-            s = TokenizedSample(f"import:{k}", np.asarray(line["input_ids"], dtype=np.int32),
-                                np.asarray(line["loss_mask"], dtype=np.uint8))
-            yield from (r for r in backend.capture([s]) if isinstance(r, CaptureResult))
+def _file_states(backend: FileCaptureBackend, src: ForeignSource, lines: list[dict[str, Any]],
+                 files: Iterable[int]) -> Iterator[tuple[int, CaptureResult]]:
+    """The states the import would store for each of ``files`` (usable ones), in order (read lazily)."""
+    for k in files:
+        line = lines[k]
+        s = TokenizedSample(f"import:{k}", np.asarray(line["input_ids"], dtype=np.int32),
+                            np.asarray(line["loss_mask"], dtype=np.uint8))
+        yield from ((k, r) for r in backend.capture([s]) if isinstance(r, CaptureResult))
+
+
+def _check_files(backend: FileCaptureBackend, src: ForeignSource, lines: list[dict[str, Any]], use: tuple[int, ...],
+                 picks: list[int], checked: bool, folder: Path) -> str:
+    """Every usable file's fingerprint against the files the model check verified (hs_dataset.interop.file_check)."""
+    usable = [k for k in range(len(lines)) if k not in src.errors]
+    prints = {str(src.files[k].path): fingerprint(r.states, torch.from_numpy(r.sample.loss_mask[:r.states.shape[1]]))
+              for k, r in _file_states(backend, src, lines, usable)
+              if bool(torch.isfinite(r.states).all())}  # NaN/Inf: that file's reject
+    if len(prints) < 2:
+        return "file check: fewer than 2 files to compare"
+    names = [f"hidden_layer_{k}" for k in use] + ["hidden_final"]
+    return "file check: " + check_same_source(prints, [str(src.files[k].path) for k in picks] if checked else [],
+                                             names, str(folder))
 
 
 def run_import(src: ForeignSource, out: str | os.PathLike, *, model: str, source_dir: Path,
@@ -228,9 +248,12 @@ def run_import(src: ForeignSource, out: str | os.PathLike, *, model: str, source
         raise InteropError(f"no usable {src.fmt} sample in {source_dir}: {next(iter(src.errors.values()))[1]}")
     options.update(flags)
     backend = FileCaptureBackend(src, info, use, norm)
-    options["model_check"] = model_check(_file_states(backend, src, lines), info, use, model, check=check_model,
-                                         norm=norm, trust_remote_code=trust_remote_code)
+    picks = spread([k for k in range(len(lines)) if k not in src.errors], CHECK_SAMPLES)  # over the whole folder
+    options["model_check"] = model_check((r for _, r in _file_states(backend, src, lines, picks)), info, use, model,
+                                         check=check_model, norm=norm, trust_remote_code=trust_remote_code)
     notes.append(options["model_check"])
+    options["file_check"] = _check_files(backend, src, lines, use, picks, check_model, source_dir)
+    notes.append(options["file_check"])
     if flags.get("pad_tail_tokens"):
         notes.append(f"stripped SpecForge pad tails: {flags['pad_tail_tokens']} tokens (pad id "
                      f"{src.options.get('pad_id')}, loss mask 0) from {flags['pad_tail_samples']} samples")

@@ -2,8 +2,8 @@
 
 The import's other checks are shapes (hidden size, layer count, token ids inside the vocabulary),
 and a wrong model of the same shapes passes them all: a DeepSeek-V3 directory of Llama's hidden
-size, depth and vocabulary takes Llama's files with no reject. So, before the build, the first
-:data:`CHECK_SAMPLES` usable samples are recomputed with the transformers backend on the CPU, on
+size, depth and vocabulary takes Llama's files with no reject. So, before the build,
+:data:`CHECK_SAMPLES` usable samples spread over the folder are recomputed with the transformers backend on the CPU, on
 their first :data:`CHECK_TOKENS` tokens (a causal model's states of a prefix depend on the prefix
 alone), and every imported state (each layer, then ``hidden_final``) must match what the model
 computes: a mean token cosine of at least :data:`MIN_COSINE` and a relative mean absolute error of
@@ -34,7 +34,7 @@ from hs_dataset.records import CaptureResult, TokenizedSample
 
 __all__ = ["CHECK_SAMPLES", "CHECK_TOKENS", "MAX_REL_ERROR", "MIN_COSINE", "check_model", "compare_states"]
 
-CHECK_SAMPLES = 2
+CHECK_SAMPLES = 3  # spread over the folder (the first, the middle, the last usable file)
 CHECK_TOKENS = 256
 MIN_COSINE = 0.99
 MAX_REL_ERROR = 0.10
@@ -131,7 +131,8 @@ def check_model(samples: Iterable[CaptureResult], info: ModelInfo, layers: tuple
     Args:
         samples: the files' states of the usable samples, in order (``[len(layers) + 1, T, H]`` each,
             ``hidden_final`` last, as the import stores them; each ``sample_id`` the file's); the first
-            :data:`CHECK_SAMPLES` with finite states are used, the rest are not read.
+            :data:`CHECK_SAMPLES` with finite states are used, the rest are not read (the import passes files
+            spread over its folder; :mod:`hs_dataset.interop.file_check` compares every file with them).
         info, layers: the model's sizes and the files' layers (hs_dataset convention).
         model: the ``--model`` directory.
         check: recompute the samples (False: ``--skip-model-check``, only the cheap check).

@@ -48,11 +48,20 @@ from hs_dataset.interop.common import (ExportFrame, ExportSummary, ImportedSampl
                                        few, index_of, read_sidecar, torch_load)
 from hs_dataset.interop.importer import _UNREADABLE, ForeignSource
 
-__all__ = ["export_speculators", "fp8_dequantize", "speculators_source"]
+__all__ = ["export_speculators", "fp8_dequantize", "fp8_quantize", "speculators_source"]
 
 HS_DIR = "hidden_states"
 TOKEN_FREQ_FILE = "token_freq.pt"
 SCALES_KEY = "hidden_states_scales"
+
+
+def fp8_quantize(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hs-connectors' ``quantize_tensor_to_fp8``: one fp32 scale per token (dim 0) over the other dims, amax / 448.
+    -> (float8_e4m3fn states, scale ``[T, 1, ...]``)."""
+    x = states.float()
+    amax = x.abs().amax(dim=tuple(range(1, x.dim())), keepdim=True)
+    scale = (amax / torch.finfo(torch.float8_e4m3fn).max).clamp(min=1e-12)
+    return (x / scale).to(torch.float8_e4m3fn), scale
 
 
 def fp8_dequantize(fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -70,6 +79,9 @@ def export_speculators(src: str | os.PathLike, out: str | os.PathLike, *,
         out: a new (or empty) directory: pass it to ``speculators train --data-path``.
         layers: the stored layers to write before it (default: every stored layer but ``L-1``).
 
+    An fp8 build (``storage_dtype="fp8_e4m3"``) is written in hs-connectors' FP8 layout (:func:`fp8_quantize`),
+    a bf16 build in bf16.
+
     Raises:
         InteropError: not a finished build, ``out`` not empty, or layer ``L-1`` not stored.
     """
@@ -83,6 +95,11 @@ def export_speculators(src: str | os.PathLike, out: str | os.PathLike, *,
     x.require(last not in x.aux, f"layer {last} is written as the last entry: leave it out of --layers")
     cols = x.aux_columns() + [f"hidden_layer_{last}"]
     hs_dir = x.out / HS_DIR
+    fp8 = x.meta.get("storage_dtype") == "fp8_e4m3"
+    if fp8:
+        x.warnings.append("fp8 build: written in hs-connectors' FP8 layout (hidden_states float8_e4m3fn + "
+                          f"{SCALES_KEY} fp32 [T, 1, 1], one scale per token over all states), re-rounded from the "
+                          "build's per-state scales; speculators' reader dequantizes it")
     rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     freq: dict[int, int] = {}
     for i, row in enumerate(x.rows(cols)):
@@ -90,8 +107,11 @@ def export_speculators(src: str | os.PathLike, out: str | os.PathLike, *,
             hs_dir.mkdir(parents=True)
         ids = row["input_ids"].to(torch.long)
         mask = row["loss_mask"].to(torch.long)
-        x.save({"hidden_states": torch.stack([row[c] for c in cols], dim=1).contiguous(), "token_ids": ids},
-               hs_dir / f"hs_{i}.safetensors", save_file)
+        states = torch.stack([row[c] for c in cols], dim=1).contiguous()
+        tensors = {"hidden_states": states, "token_ids": ids}
+        if fp8:  # hs-connectors' FP8HiddenStatesConnector layout, which speculators' reader dequantizes
+            tensors["hidden_states"], tensors[SCALES_KEY] = fp8_quantize(states)
+        x.save(tensors, hs_dir / f"hs_{i}.safetensors", save_file)
         rows["input_ids"].append(ids.numpy())
         rows["loss_mask"].append(mask.numpy())
         rows["seq_len"].append(int(ids.shape[0]))

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from hs_dataset.errors import ConfigError, MissingPathError
 from hs_dataset.redact import redact_text
-from hs_dataset.layout import utf8_safe
+from hs_dataset.layout import escape_controls, utf8_safe
 
 __all__ = ["SourceSpec", "count_rows", "dataset_name", "id_name", "load_json_rows", "load_source_dataset", "open_parquet",
            "parquet_error", "resolve_source", "rows_to_build", "source_fingerprint", "source_name", "source_path"]
@@ -45,7 +45,7 @@ def id_name(raw: str) -> tuple[str, bool]:
     """The name sample ids are made of: ``raw`` as valid UTF-8, or ``source-<sha256[:12]>`` when ``raw`` looks
     like it holds a credential (an ``hf_...`` token, ``user:password@``, ``api_key=...``: anything
     :func:`hs_dataset.redact.redact_text` would redact). -> (name, whether it was replaced)."""
-    name = utf8_safe(raw)
+    name = escape_controls(utf8_safe(raw))
     if redact_text(name)[1]:
         return "source-" + hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:12], True
     return name, False

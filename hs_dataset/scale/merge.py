@@ -34,6 +34,7 @@ from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
 from hs_dataset.write.finalize import finalize
 from hs_dataset.write.output import check_output, lock_output
 from hs_dataset.write.resolve import resolve_build
+from hs_dataset.model_fingerprint import same_probe
 from hs_dataset.write.resume import check_resume, invalidate_finished, note_moving, part_ranges, part_record, recover
 from hs_dataset.write.shares import WorkerShare, read_share, share_dir, share_parts
 from hs_dataset.config import HiddenStatesConfig
@@ -161,7 +162,13 @@ def _odd_one(shares: list[tuple[Path, dict, Any]], what: str, value) -> None:
 
 def _check_set(out: Path, shares: list[tuple[Path, dict, Any]]) -> dict[str, Any]:
     """Same content key and plan; each share index exactly once; all present and done. -> a share's record."""
-    _odd_one(shares, "configuration", lambda s: s[2])
+    _odd_one(shares, "configuration", lambda s: {k: v for k, v in s[2].items() if k != "model_probe"})
+    probes = [(d, key.get("model_probe")) for d, _, key in shares if key.get("model_probe")]
+    for d, probe in probes[1:]:
+        if not same_probe(probes[0][1], probe):
+            raise ShareError(f"share {d} holds rows of another model than share {probes[0][0]}: probe fingerprint "
+                             f"{probe['digest']} there, {probes[0][1]['digest']} in {probes[0][0]} (the weights "
+                             "changed between the workers' builds?): rebuild it with the same model, or leave it out")
     _odd_one(shares, "plan (parts, rows, number of shares)", lambda s: dict(s[1]["plan"], shares=s[1]["share"]["count"]))
     first = shares[0][1]
     count = int(first["share"]["count"])

@@ -13,6 +13,7 @@ carry it forward: see :func:`parse_history`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,11 +27,11 @@ from hs_dataset.write.card_quality import quality_section
 from hs_dataset.write.shard_sizing import many_nodes_section
 from hs_dataset.errors import MissingPathError
 from hs_dataset.layer_ids import drafter_layer_ids
-from hs_dataset.layout import FINAL_COLUMN, layer_column, utf8_safe
+from hs_dataset.layout import FINAL_COLUMN, escape_controls, layer_column, utf8_safe
 from hs_dataset.records import Counts
 
-__all__ = ["checksums_section", "layer_ids_section", "parse_history", "readme_header", "render_card", "render_readme",
-           "split_readme"]
+__all__ = ["checksums_section", "content_id", "layer_ids_section", "parse_history", "readme_header", "render_card",
+           "render_readme", "split_readme"]
 
 TEMPLATE_ENV = "HS_DATASET_CARD_TEMPLATE"
 # cards/dataset_card.md in a checkout; the same file (a symlink, copied into wheels) when installed.
@@ -48,6 +49,15 @@ def split_readme(readme: str) -> tuple[str, str]:
     return match.group(0), readme[match.end():]
 
 
+def content_id(metadata: dict) -> str:
+    """``hs_dataset build <hex>`` of the shards' names and hashes: in ``configs:``, which ``datasets`` keys a
+    folder's cache by (a new build in the same folder is never read from the old one's cache)."""
+    h = hashlib.sha256()
+    for f in metadata.get("shards") or []:
+        h.update(f"{f.get('name')}\0{f.get('xxh3_128')}\0".encode())
+    return f"hs_dataset build {h.hexdigest()[:16]}"
+
+
 def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format: str) -> str:
     """The README front matter that lets plain ``load_dataset(dir_or_repo)`` load the shards: ``configs:``,
     and ``dataset_info:`` (features, split size) when ``metadata`` (a build's ``hs_dataset.json``)
@@ -60,6 +70,8 @@ def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format
         "configs": [{"config_name": "default",
                      "data_files": [{"split": "train", "path": f"data/train-*.{file_format}"}]}],
     }
+    if metadata.get("shards"):
+        front["configs"][0]["description"] = content_id(metadata)
     model = metadata.get("model") or {}
     if "hidden_size" in model and "layers" in metadata:
         import datasets  # deferred: only the front matter's schema needs datasets (and torch)
@@ -104,7 +116,8 @@ def _cell(value: Any) -> str:
         return "n/a"
     if isinstance(value, (list, tuple)):
         value = ", ".join(str(v) for v in value)
-    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    text = str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return escape_controls(text)  # ESC, BEL, U+202E of a file name: escaped, never raw in the card
 
 
 def _code(value: Any) -> str:
@@ -147,6 +160,9 @@ def load_snippet(repo_id: str | None, version: str, local_dir: str | None) -> st
         where = local_dir or "<build directory>"
         return ("## Load this build\n\n```python\nfrom hs_dataset.read import open_dataset\n\n"
                 f'ds = open_dataset("{_code(where)}")  # memory-maps the shards in place\n```\n\n'
+                "`open_dataset` checks every shard against the xxh3-128 hashes below and keeps no copy. Plain "
+                "`load_dataset(DIR)` works too, but checks no hash (a damaged or replaced shard is served) and keeps "
+                "an Arrow copy in the `datasets` cache.\n\n"
                 "Publish it as a version with `hs-dataset push DIR org/name --version v1.0`.")
     repo, rev = _code(repo_id), _code(version)
     return ("## Load a pinned version\n\n```python\n"
@@ -161,7 +177,8 @@ def load_snippet(repo_id: str | None, version: str, local_dir: str | None) -> st
             "where they are: opened again, nothing is downloaded. Plain `datasets` works too: "
             f'`load_dataset("{repo}", revision="{rev}", split="train")`, but it keeps two more copies of the data '
             "(the hub cache, and the Arrow conversion in the `datasets` cache), and `with_format(\"torch\")` gives "
-            "int64 copies of the stored bits, not bf16 (decode them as below).\n\n"
+            "int64 copies of the stored bits, not bf16 (decode them as below); it checks none of the xxh3-128 "
+            "hashes below.\n\n"
             "Each published version is a git tag of this repository; `main` holds the newest version.\n"
             "Pin a `revision` for training runs that must be reproducible.")
 
@@ -283,7 +300,7 @@ def render_card(metadata: dict, extra: dict) -> str:
     history = list(extra.get("history") or [])
     tags = dict(extra.get("tags") or {})
     build_command = extra.get("build_command") or metadata.get("build_command") or "n/a"
-    build_command = str(build_command).replace("~~~~", "~ ~ ~ ~")
+    build_command = escape_controls(str(build_command).replace("~~~~", "~ ~ ~ ~"))
 
     versions = backend.get("versions") or {}
     versions_table = "\n".join(

@@ -53,17 +53,18 @@ from hs_dataset.write.parts import commit_part, generate_part
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import resolve_build, start_tokenize_workers
 from hs_dataset.write.resume import (check_resume, check_shrink, full_check, invalidate_finished, part_ranges, part_record,
-                                     recover)
+                                     record_command_dir, recover)
 from hs_dataset.write.shares import WorkerShare, begin_share, finish_share
 from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.backends import make_backend
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
-from hs_dataset.errors import BuildInterrupted
+from hs_dataset.errors import BuildInterrupted, ConfigMismatchError
 from hs_dataset.interrupts import check_interrupt, interrupts_deferred
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.redact import record_redacted, redact, redact_command
 from hs_dataset.layout import DATA_DIR, STATE_DIR
+from hs_dataset.model_fingerprint import probe_fingerprint, weights_fingerprint
 from hs_dataset.prepare.duplicates import load_skipped
 from hs_dataset.prepare.source_spec import resolve_source, rows_to_build, source_fingerprint
 from hs_dataset.records import Counts
@@ -125,8 +126,9 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
 
     Raises:
         ForeignFilesError: the output holds files hs_dataset did not write (nothing is touched).
-        ConfigMismatchError: the directory holds another configuration's build, or more rows than
-            ``max_samples``.
+        ConfigMismatchError: the directory holds another configuration's build or another model's rows (the
+            fingerprint of :mod:`hs_dataset.model_fingerprint` differs), the weights changed while the build ran,
+            or the directory holds more rows than ``max_samples``.
         EmptyBuildError: every sample was rejected.
         BuildInterrupted: Ctrl-C (a ``KeyboardInterrupt`` saying how many parts are done).
         BuildLockedError: another build is writing it.
@@ -150,6 +152,16 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
         sys.setswitchinterval(switch)
 
 
+def _check_weights(model: str, recorded: str, part: int) -> None:
+    """Stop before part ``part`` is committed when the model's weight files changed since the build started."""
+    now = weights_fingerprint(model)
+    if now != recorded:
+        raise ConfigMismatchError(
+            f"the weights in {model} changed while the build ran (fingerprint {recorded} at the start, {now} now): "
+            f"part {part} is discarded, the parts before it are kept. Put the model back and run the same command "
+            "again, or build the new model into a new --output directory")
+
+
 def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None, progress: bool,
            build_command: str | None, allow_shrink: bool, share: WorkerShare | None,
            sink: RowSink | None) -> BuildSummary:
@@ -169,12 +181,16 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         resolved = resolve_build(config, info=backend.info if backend is not None else None)
         info, layers = resolved.info, resolved.layers
         key = dict(config.content_key(), source_fingerprint=source_fingerprint(config.source),
-                   hidden_size=info.hidden_size, num_layers=info.num_layers)
-        check_resume(state, redact(key)[0])  # local records hold no credential either
+                   hidden_size=info.hidden_size, num_layers=info.num_layers,
+                   model_weights=weights_fingerprint(info.path))
+        key = redact(key)[0]  # local records hold no credential either
+        check_resume(state, key)
         if resolve_source(config.source).name_redacted:
             logger.warning("hs_dataset: the source's name looks like it holds a credential: its sample ids use %s "
                            "instead (hs_dataset.json says so)", resolve_source(config.source).name)
         record_redacted(state, secrets)  # salted digests only: push scans its uploads for them
+        if build_command is not None:
+            record_command_dir(state)  # verify's repair command runs the recorded command from there
 
         n = rows_to_build(config.source, config.max_samples)
         if config.duplicates == "skip":  # found before any capture, the same for every part and worker
@@ -197,6 +213,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         bar = BuildProgress(sum(p[2] - p[1] for p in parts), sum(p[2] - p[1] for p in parts if p[0] in done), progress,
                             parts_total=len(parts), parts_done=len(done))
         own_backend = False
+        probed = False
         built = 0
         datasets.disable_progress_bars()
         committer = cf.ThreadPoolExecutor(max_workers=COMMITS_IN_FLIGHT, thread_name_prefix="hs_dataset-commit")
@@ -221,6 +238,11 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                     backend = make_backend(config.backend, info, layers, options=config.backend_options,
                                            trust_remote_code=config.trust_remote_code)
                     own_backend = True
+                if not probed:  # the model's probe states, through the backend's own capture, once per run
+                    probed = True
+                    probe = probe_fingerprint(backend)
+                    if probe is not None:
+                        check_resume(state, dict(key, model_probe=probe))
                 if stream is None and getattr(backend, "continuous", False):
                     # one capture over all remaining parts: the engine never drains at a part boundary
                     stream = CaptureStream(resolved, backend, [(s, e) for _, s, e in todo], workers=workers)
@@ -230,6 +252,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                     generated = generate_part(resolved, out, state, i, start, stop, backend, bar, stream, workers,
                                               sink)
                 check_interrupt()  # one noted after the part's last row (outside the block a signal raises at once)
+                _check_weights(info.path, key["model_weights"], i)  # before the part is committed
                 if sink is not None:
                     sink.generated(i, generated.counts.rows_written)
                 committed(wait=len(committing) >= COMMITS_IN_FLIGHT)

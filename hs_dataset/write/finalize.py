@@ -93,6 +93,7 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
     meta = {
         "format_version": FORMAT_VERSION,
         "model": info.to_dict(),
+        "model_fingerprint": _fingerprint(state),  # hs_dataset.model_fingerprint: what a resume or merge compares
         "layers": list(layers),
         "layer_convention": LAYER_CONVENTION,
         "columns": stored_state_columns(layers, config.store_final),
@@ -143,6 +144,15 @@ def _statistics(out: Path, files: list[dict], quality: list[dict | None], config
     return build_statistics(out, files, [PartStatistics.from_dict(q) for q in quality if q is not None],
                             duplicates=config.duplicates, skipped=counts.rejects_by_stage.get(DUPLICATE_STAGE, 0),
                             hidden=hidden)
+
+
+def _fingerprint(state: Path) -> dict[str, Any] | None:
+    try:
+        key = json.loads((state / "build.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    probe = key.get("model_probe")
+    return {"weights": key.get("model_weights"), "probe": probe.get("digest") if isinstance(probe, dict) else None}
 
 
 def _sample_ids(config: HiddenStatesConfig) -> str:

@@ -25,6 +25,7 @@ class RejectGroup:
     reason: str
     count: int
     example: str  # one sample id
+    example_reason: str = ""  # that sample's own reason, its numbers kept ("length 5 does not match ... 7")
 
 
 _NUMBER = re.compile(r"\d[\d,._]*")
@@ -41,7 +42,8 @@ def group_rejects(rejects: Iterable[dict[str, Any]]) -> list[RejectGroup]:
                _NUMBER.sub("N", str(r.get("reason", ""))))
         g = groups.get(key)
         if g is None:
-            groups[key] = RejectGroup(*key, count=1, example=str(r.get("sample_id", "")))
+            groups[key] = RejectGroup(*key, count=1, example=str(r.get("sample_id", "")),
+                                      example_reason=str(r.get("reason", "")))
         else:
             g.count += 1
     return sorted(groups.values(), key=lambda g: (-g.count, g.stage, g.field, g.reason))

@@ -133,7 +133,7 @@ def test_a_wrong_model_of_the_same_shapes_is_refused(interop_ds, tiny_model, tin
     assert not (tmp_path / "x").exists()  # nothing written
     # the right model passes, and says what it checked
     s = import_dataset(tmp_path / "mo", "modelopt", tmp_path / "ok", model=tiny_model, layers=LAYERS)
-    assert s.rejected == 0 and any(n.startswith("model check: 2 samples") for n in s.notes)
+    assert s.rejected == 0 and any(n.startswith("model check: 3 samples") for n in s.notes)
     meta = json.loads((tmp_path / "ok" / "hs_dataset.json").read_text())
     assert "every state matches" in meta["backend"]["options"]["model_check"]
     # the right model with the wrong layers: the neighbouring layer is not the same state
@@ -164,7 +164,7 @@ def test_skipping_the_model_check_keeps_the_final_norm_check(interop_pre_ds, tin
     with pytest.raises(InteropError, match=r"hidden_final is not .*final norm of hidden_layer_3"):
         import_dataset(tmp_path / "mo", "modelopt", tmp_path / "x", model=tiny_model, check_model=False)
     s = import_dataset(tmp_path / "mo", "modelopt", tmp_path / "ok", model=tiny_norm_model, check_model=False)
-    assert any("hidden_final matches its final norm of hidden_layer_3 in 2 samples" in n for n in s.notes)
+    assert any("hidden_final matches its final norm of hidden_layer_3 in 3 samples" in n for n in s.notes)
     assert_same_rows(rows(interop_pre_ds), rows(tmp_path / "ok"))
 
 
@@ -174,3 +174,40 @@ def test_modelopt_export_says_its_loss_mask_needs_answer_only_loss(interop_ds, t
     assert "loss_mask only with answer_only_loss=True" in capsys.readouterr().out
     interop = (ROOT / "docs" / "interop.md").read_text(encoding="utf-8")
     assert "`loss_mask` only with `answer_only_loss=True`" in interop
+
+
+@pytest.mark.parametrize("odd", ["model", "layers"])
+def test_a_folder_mixing_two_models_or_two_layer_sets_is_refused_naming_the_odd_files(odd, interop_ds, tiny_model,
+                                                                                      tmp_path):
+    """Files of another model of the same shapes (or the same model's other layers), sorted last in the folder:
+    the model check's spread samples plus every file's fingerprint find them."""
+    from hs_dataset.demo.tiny import make_tiny_model_dir
+    from tests.fixtures.interop import build_tiny
+
+    layers = LAYERS if odd == "model" else (0, 1)
+    export_modelopt(interop_ds if odd == "model" else build_tiny(tiny_model, tmp_path / "base", layers=layers),
+                    tmp_path / "mo")
+    if odd == "model":
+        other = build_tiny(str(make_tiny_model_dir(tmp_path / "other-model", seed=1)), tmp_path / "other")
+    else:  # the same model's next layers (L-1 = 3 is stored apart by ModelOpt: not among them)
+        other = build_tiny(tiny_model, tmp_path / "other", layers=(1, 2))
+    export_modelopt(other, tmp_path / "mo-other")
+    moved = sorted((tmp_path / "mo-other").glob("*.pt"))[3:5]
+    # named to sort 4th and 6th of 14: neither among the first two, nor among the model check's spread picks
+    names = ["demo_conversations:10a.pt", "demo_conversations:11a.pt"]
+    for f, name in zip(moved, names):  # ids of their own
+        d = torch.load(f, weights_only=False)
+        d["conversation_id"] = f"other-{d['conversation_id']}"
+        torch.save(d, tmp_path / "mo" / name)
+    with pytest.raises(InteropError) as e:
+        import_dataset(tmp_path / "mo", "modelopt", tmp_path / "x", model=tiny_model, layers=layers)
+    msg = str(e.value)
+    assert "mixes files of another model or layer set: 2 of 14 files" in msg, msg
+    assert all(name in msg for name in names)
+    _one_short_line(msg, most=1200)
+    assert not (tmp_path / "x").exists()
+    for name in names:
+        (tmp_path / "mo" / name).unlink()
+    s = import_dataset(tmp_path / "mo", "modelopt", tmp_path / "ok", model=tiny_model, layers=layers)
+    assert any(n.startswith("file check: every file (12) matches the 3 files the model check verified")
+               for n in s.notes), s.notes

@@ -187,3 +187,35 @@ def test_what_counts_as_a_credential():
     assert sorted(v for _, v in found) == ["T1", "T2", "T3", "T4", "hf_abcdefghijklmnopqrstuvwxyz"]
     assert split_url_auth("http://u%40x:p%3Aw@127.0.0.1:30000/v1") == ("http://127.0.0.1:30000/v1", "Basic dUB4OnA6dw==")
     assert split_url_auth("http://127.0.0.1:30000") == ("http://127.0.0.1:30000", None)
+
+
+GLUED_TOKEN = "hf_" + "GluedToAWordAndADigit0123456789abcd"
+
+
+def test_tokens_next_to_underscores_letters_and_digits_are_redacted_and_never_pushed(tiny_model, backend, tmp_path):
+    """A source named ``export_hf_<token>.jsonl``: the token reaches no file of the build; a token-shaped string
+    pasted into a file next to other word characters (not a value the build redacted) stops the push."""
+    import shutil
+
+    from hs_dataset.redact import redact_text
+    from hs_dataset.write.driver import build
+    from tests.fixtures.builds import DEMO, config
+
+    for text in (f"export_{GLUED_TOKEN}.jsonl", f"x{GLUED_TOKEN}", f"{GLUED_TOKEN}_v2", f"7{GLUED_TOKEN}"):
+        assert GLUED_TOKEN not in redact_text(text)[0], text
+    source = tmp_path / f"export_{GLUED_TOKEN}.jsonl"
+    shutil.copy(DEMO, source)
+    out = tmp_path / "out"
+    build(config(tiny_model, source=str(source), max_samples=4), out, backend=backend, progress=False,
+          build_command=f"hs-dataset build demo --source {source}")
+    for path in sorted(out.rglob("*")):
+        if path.is_file():
+            assert GLUED_TOKEN.encode() not in path.read_bytes(), path
+    pasted = "hf_" + "PastedByHandNextToWords0123456789xyz"
+    meta = json.loads((out / "hs_dataset.json").read_text())
+    meta["notes"] = [f"see run_{pasted}_final"]  # a key verify does not check: the scan is what refuses it
+    (out / "hs_dataset.json").write_text(json.dumps(meta, indent=1))
+    with running_hub(tmp_path / "hub") as hub, hub_client_env(hub, tmp_path / "home", token=TOKEN):
+        with pytest.raises(SecretLeakError, match="refusing to upload hs_dataset.json: .*shaped like a Hugging Face token"):
+            push_dataset(out, REPO, "v1.0")
+        assert hub.dump_state() == {}

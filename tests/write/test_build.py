@@ -55,6 +55,7 @@ def test_states_read_back_are_bit_identical_to_the_backend(tiny_model, tmp_path)
     tap = Tap(TransformersBackend(tiny_model, LAYERS, device="cpu", batch_tokens=2048))
     cfg = config(tiny_model)
     summary = build(cfg, tmp_path / "out", backend=tap, progress=False)
+    assert tap.seen.pop("hs_dataset-model-probe") is not None  # the model fingerprint's probe, captured first
     assert summary.counts.written == len(tap.seen) > 0
     for streaming in (False, True):
         ds = datasets.load_dataset(str(tmp_path / "out"), split="train", streaming=streaming)
