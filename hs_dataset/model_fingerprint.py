@@ -94,7 +94,7 @@ def probe_fingerprint(backend: Any) -> dict[str, Any] | None:
     results = [r for r in items if isinstance(r, CaptureResult)]
     if not results:
         return None
-    import torch  # the capture stage's library; imported only when a backend runs
+    import torch  # deferred: the capture stage's library, needed only when a backend runs
 
     states = torch.cat([r.states.to(torch.bfloat16) for r in results], dim=1)
     digest = hashlib.sha256(states.view(torch.int16).numpy().tobytes()).hexdigest()[:24]

@@ -98,9 +98,9 @@ def _print_quality(meta: dict) -> None:
 
 def _print_tags(out: Path, meta: dict, rows: int) -> None:
     """Rows by tag value (builds with tag columns: hs_dataset.prepare.tags)."""
-    from hs_dataset.cli.derive import print_tag_counts
-    from hs_dataset.derive.shards import plain_columns  # deferred: pyarrow
-    from hs_dataset.prepare.tags import count_tags
+    from hs_dataset.cli.derive import print_tag_counts  # deferred: pyarrow, torch
+    from hs_dataset.integrity.build_rows import plain_columns  # deferred: pyarrow
+    from hs_dataset.prepare.tags import count_tags  # deferred: pyarrow
 
     tags = plain_columns(out, meta)
     names = [c for c in tags.column_names if c.startswith("tag_")]

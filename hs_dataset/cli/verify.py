@@ -73,7 +73,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
         report = verify_repo(target, revision=revision, quick=a.quick, probe=probe, stats=a.stats)
     sample_stats = None
     if a.stats and report.ok and local.is_dir() and revision is None:  # per row, for derive (older versions too)
-        from hs_dataset.derive.teacher_stats import write_sample_stats  # deferred: torch
+        from hs_dataset.integrity.teacher_stats import write_sample_stats  # deferred: torch
 
         try:
             sample_stats = str(write_sample_stats(target, model=a.model))

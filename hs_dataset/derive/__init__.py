@@ -1,7 +1,8 @@
-"""Beside the pipeline, after ``write``: choosing rows of finished versions, without capturing anything again.
+"""After ``read``: choosing rows of finished versions, without capturing anything again.
 
-* :mod:`.shards` reads a version's rows as stored; :mod:`.teacher_stats` summarises the target's distribution per
-  row (``sample_stats.parquet``);
+The rows as stored come from :mod:`hs_dataset.integrity.build_rows`, the target's distribution per row
+(``sample_stats.parquet``) from :mod:`hs_dataset.integrity.teacher_stats`.
+
 * :mod:`.query` filters rows by tags and statistics and draws a mix; :mod:`.version` writes the derived version
   (``from hs_dataset.derive import derive``, ``hs-dataset derive``);
 * :mod:`.layer_pilot`: per-layer statistics of a pilot build, to pick aux layers (``inspect --layers``).

@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
-from hs_dataset.derive.shards import build_meta, iter_batches
+from hs_dataset.integrity.build_rows import build_meta, iter_batches
 from hs_dataset.layout import FINAL_COLUMN, layer_of
+from hs_dataset.read.decode import decode_state  # the read stage's own decoding (bf16 or fp8)
 
 __all__ = ["LayerStats", "layer_pilot"]
 
@@ -40,9 +42,6 @@ class LayerStats:
 
 
 def _state(batch: Any, i: int, column: str) -> torch.Tensor:
-    import pyarrow as pa
-
-    from hs_dataset.read.decode import decode_state  # the read stage's own decoding (bf16 or fp8)
 
     return decode_state(pa.Table.from_batches([batch.slice(i, 1)]), column).float()
 

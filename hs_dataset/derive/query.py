@@ -2,7 +2,7 @@
 
 A filter is ``COLUMN OP VALUE`` (``OP``: ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``, ``not in``;
 ``VALUE`` a Python literal: ``'on'``, ``2``, ``['en', 'fr']``, ``None``) over a row's plain columns (``id``,
-``num_tokens``, the ``tag_*`` columns) and its statistics (``stat_*``, :mod:`hs_dataset.derive.teacher_stats`);
+``num_tokens``, the ``tag_*`` columns) and its statistics (``stat_*``, :mod:`hs_dataset.integrity.teacher_stats`);
 several filters all hold. The mix: version ``i`` gets ``weight_i / sum(weights)`` of the rows; with a
 ``budget`` of ``B`` rows, ``round(B * share_i)`` of them (at most what its filters keep), else the most rows
 that keep the shares. Rows are drawn without replacement by a seeded generator (``seed + i`` for version ``i``)

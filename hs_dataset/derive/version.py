@@ -13,7 +13,7 @@ The contract:
   (the run's bytes laid out as in the source); only a narrowed row differs, in ``loss_mask`` and (a teacher
   build) the teacher columns, which hold the loss-masked positions only;
 * rows keep their version's order, versions follow each other in the order given;
-* ``--keep-flattest F``: per version, the positions whose entropy (:mod:`hs_dataset.derive.teacher_stats`) is
+* ``--keep-flattest F``: per version, the positions whose entropy (:mod:`hs_dataset.integrity.teacher_stats`) is
   in the top ``F`` share of its kept rows' masked positions stay masked; a row left with none is dropped;
 * the new version verifies like a build (``hs-dataset verify``). Because a kept row's bytes are the source's,
   a push of a derived version next to its sources uploads little more than the new rows' boundaries (Xet
@@ -32,12 +32,13 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import xxhash
 
 from hs_dataset.atomic import atomic_write
 from hs_dataset.derive.query import Filter, mix_counts, parse_filter, row_mask, sample_rows
-from hs_dataset.derive.shards import build_meta, iter_batches, plain_columns
-from hs_dataset.derive.teacher_stats import (STAT_COLUMNS, iter_position_stats, load_output_embedding,
+from hs_dataset.integrity.build_rows import build_meta, iter_batches, plain_columns
+from hs_dataset.integrity.teacher_stats import (STAT_COLUMNS, iter_position_stats, load_output_embedding,
                                              read_sample_stats, stats_source, write_stats_table)
 from hs_dataset.errors import ConfigError, ForeignFilesError
 from hs_dataset.integrity.checksums import shard_entry
@@ -250,8 +251,6 @@ def _write_rows(roots: list[Path], metas: list[dict[str, Any]], chosen: list[np.
 
 def _keep_stats(roots: list[Path], chosen: list[np.ndarray], out: Path, meta: dict[str, Any]) -> None:
     """The kept rows' statistics (their states and masks are the sources'), as ``out``'s ``sample_stats.parquet``."""
-    import pyarrow.parquet as pq
-
     parts, kinds = [], set()
     for root, rows in zip(roots, chosen):
         kinds.add(json.loads((pq.read_schema(str(root / SAMPLE_STATS_FILE)).metadata or {}).get(

@@ -76,7 +76,7 @@ def readme_header(metadata: dict, num_examples: int, num_bytes: int, file_format
     if "hidden_size" in model and "layers" in metadata:
         import datasets  # deferred: only the front matter's schema needs datasets (and torch)
         from hs_dataset.codec.encode import make_features  # deferred: as datasets
-        from hs_dataset.prepare.tags import tag_dtypes
+        from hs_dataset.prepare.tags import tag_dtypes  # deferred: as datasets
 
         features = make_features(tuple(metadata["layers"]), int(model["hidden_size"]),
                                  metadata.get("storage_dtype", "bfloat16"),

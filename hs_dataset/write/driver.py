@@ -44,7 +44,7 @@ from pathlib import Path
 
 import datasets
 
-from hs_dataset.derive.teacher_stats import write_sample_stats
+from hs_dataset.integrity.teacher_stats import write_sample_stats
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.finalize import finalize
 from hs_dataset.write.output import check_output, lock_output, output_error
@@ -273,7 +273,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                 backend.close()
         if share is None:
             counts = finalize(resolved, out, state, parts, backend if built else None, build_command)
-            if config.sample_stats:  # the teacher's statistics per row (hs_dataset.derive.teacher_stats)
+            if config.sample_stats:  # the teacher's statistics per row (hs_dataset.integrity.teacher_stats)
                 write_sample_stats(out)
         else:
             counts = finish_share(state, parts)  # hs_dataset.scale.merge finalizes the merged build

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hs_dataset.cli import main
-from hs_dataset.derive.teacher_stats import iter_position_stats, load_output_embedding, write_sample_stats
+from hs_dataset.integrity.teacher_stats import iter_position_stats, load_output_embedding, write_sample_stats
 from hs_dataset.derive.version import derive
 from hs_dataset.errors import ConfigError
 from hs_dataset.integrity.verify import verify_build

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hs_dataset.cli import main
-from hs_dataset.derive.teacher_stats import read_sample_stats, write_sample_stats
+from hs_dataset.integrity.teacher_stats import read_sample_stats, write_sample_stats
 from hs_dataset.layout import SAMPLE_STATS_FILE
 from hs_dataset.read.iterate import iter_torch
 from hs_dataset.read.open import open_dataset

@@ -63,7 +63,7 @@ def test_no_import_cycle():
 
 
 # The stage folders in pipeline order (docs/layout.md); the root modules and demo/ sit below them all.
-STAGES = ("prepare", "capture", "codec", "write", "integrity", "hub", "read", "stream", "scale", "interop", "cli")
+STAGES = ("prepare", "capture", "codec", "write", "integrity", "hub", "read", "derive", "stream", "scale", "interop", "cli")
 # A stage that uses a later stage's modules, with the reason (docs/layout.md says the same).
 LATER_STAGES_USED = {
     ("capture", "codec"): "the SGLang plugin and the reference backend encode on their device (fp8, the teacher)",

@@ -290,7 +290,7 @@ def _layer_output(output):
     fb = S.batch
     if getattr(fb, "residual_stream", None) is None:
         return residual_sum(output)
-    from sglang.srt.layers.layer_boundary.residual import batch as residual_batch  # SGLang >= 0.5.21
+    from sglang.srt.layers.layer_boundary.residual import batch as residual_batch  # optional: SGLang >= 0.5.21
 
     return residual_batch.snapshot(output[0] if isinstance(output, (tuple, list)) else output, fb)
 

@@ -91,7 +91,7 @@ def resolved(args: Any, name: str, default: Any = None) -> Any:
     """The value SGLang resolved for the ``ServerArgs`` field ``name``: from 0.5.19 through SGLang's own
     ``resolution_result`` (the field keeps what the caller passed: ``None`` for a default), before it the field."""
     try:
-        from sglang.srt.arg_groups.overrides import resolution_result  # SGLang >= 0.5.19
+        from sglang.srt.arg_groups.overrides import resolution_result  # optional: SGLang >= 0.5.19
     except ImportError:  # older SGLang: __post_init__ wrote the resolved values into the fields
         return getattr(args, name, default)
     try:

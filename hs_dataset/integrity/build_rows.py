@@ -6,6 +6,7 @@ Arrow IPC streams, or Parquet row groups), each row's bytes untouched.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +37,6 @@ def build_meta(root: Path) -> dict[str, Any]:
     Raises:
         NotABuildError: there is none (not a finished build).
     """
-    import json
-
     path = root / META_FILE
     if not path.is_file():
         raise NotABuildError(f"{root}: no {META_FILE}, not a finished build (build it, or download the version first)")

@@ -31,9 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from safetensors import safe_open
 
 from hs_dataset.atomic import fsync_dir
-from hs_dataset.derive.shards import build_meta, iter_batches
+from hs_dataset.codec.fp8 import fp8_dequantize
+from hs_dataset.integrity.build_rows import build_meta, iter_batches
 from hs_dataset.errors import ConfigError, MissingPathError
 from hs_dataset.layout import FINAL_COLUMN, SAMPLE_STATS_FILE, TEACHER_LOGPROBS_COLUMN, scale_column
 
@@ -52,8 +54,6 @@ def load_output_embedding(model: str | Path) -> torch.Tensor:
     Raises:
         MissingPathError: no safetensors file, or neither tensor in them (name the model directory to use).
     """
-    from safetensors import safe_open
-
     files = sorted(Path(model).glob("*.safetensors"))
     if not files:
         raise MissingPathError(f"{model}: no *.safetensors weights; the statistics from hidden_final need the model's "
@@ -145,8 +145,6 @@ def row_position_stats(batch: pa.RecordBatch, i: int, source: StatsSource,
     else:
         bits = _row_values(batch, i, FINAL_COLUMN)[where]  # the masked positions only (a copy: writable)
         if bits.dtype != np.uint16:
-            from hs_dataset.codec.fp8 import fp8_dequantize
-
             scale = torch.from_numpy(_row_values(batch, i, scale_column(FINAL_COLUMN))[where])
             final = fp8_dequantize(torch.from_numpy(bits), scale)
         else:
