@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from hs_dataset.write.card_quality import quality_section
+from hs_dataset.write.card_text import cell, code, decode_snippet, load_snippet
 from hs_dataset.write.shard_sizing import many_nodes_section
 from hs_dataset.errors import MissingPathError
 from hs_dataset.layer_ids import drafter_layer_ids
@@ -110,21 +111,6 @@ def parse_history(readme: str) -> list[dict]:
     return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
 
 
-def _cell(value: Any) -> str:
-    """A value safe inside a markdown table cell."""
-    if value is None or value == "":
-        return "n/a"
-    if isinstance(value, (list, tuple)):
-        value = ", ".join(str(v) for v in value)
-    text = str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
-    return escape_controls(text)  # ESC, BEL, U+202E of a file name: escaped, never raw in the card
-
-
-def _code(value: Any) -> str:
-    """Text for inside a single-backtick span (backticks would end it)."""
-    return _cell(value).replace("`", "'")
-
-
 def human_bytes(n: Any) -> str:
     if not isinstance(n, (int, float)):
         return "n/a"
@@ -136,58 +122,11 @@ def human_bytes(n: Any) -> str:
     return str(n)
 
 
-def decode_snippet(storage_dtype: str, column: str, hidden_size: Any = None) -> str:
-    """A copy-pasteable decoder for one hidden-state column: zero-copy views of the Arrow buffers, never Python lists."""
-    helper = ("from hs_dataset.read import decode_row\n"
-              "row = decode_row(ds.with_format('arrow')[0:1])  # dict of torch tensors: the states in bf16 [tokens, "
-              "hidden], zero-copy, safe to write to")
-    if storage_dtype != "bfloat16":  # fp8 e4m3 + a per-token scale: the project's decoder
-        return helper
-    hidden = int(hidden_size) if isinstance(hidden_size, int) else "hidden_size"
-    return (
-        helper + "\n\n"
-        "# without hs_dataset: the bf16 bits as a view of the Arrow buffer (read-only: .clone() before in-place ops)\n"
-        "import numpy as np, torch\n"
-        "table = ds.with_format('arrow')[0:1]  # one row as an Arrow table, no Python lists\n"
-        f'bits = table["{column}"].chunk(0).storage.flatten().flatten().to_numpy(zero_copy_only=True)\n'
-        f"hidden = torch.from_numpy(bits.view(np.int16).reshape(-1, {hidden})).view(torch.bfloat16)  # [tokens, hidden]"
-    )
-
-
-def load_snippet(repo_id: str | None, version: str, local_dir: str | None) -> str:
-    """How to load this version (published) or this build (local) for training: one copy on disk at most."""
-    if repo_id is None:
-        where = local_dir or "<build directory>"
-        return ("## Load this build\n\n```python\nfrom hs_dataset.read import open_dataset\n\n"
-                f'ds = open_dataset("{_code(where)}")  # memory-maps the shards in place\n```\n\n'
-                "`open_dataset` checks every shard against the xxh3-128 hashes below and keeps no copy. Plain "
-                "`load_dataset(DIR)` works too, but checks no hash (a damaged or replaced shard is served) and keeps "
-                "an Arrow copy in the `datasets` cache.\n\n"
-                "Publish it as a version with `hs-dataset push DIR org/name --version v1.0`.")
-    repo, rev = _code(repo_id), _code(version)
-    return ("## Load a pinned version\n\n```python\n"
-            "from hs_dataset.read import iter_torch, open_dataset\n\n"
-            f'ds = open_dataset("{repo}", revision="{rev}")  # downloaded once, checked, memory-mapped: one copy on disk\n'
-            "for sample in iter_torch(ds):  # dicts of torch tensors: each state bf16 [tokens, hidden], zero-copy\n"
-            "    ...\n"
-            "# or stream it over HTTP, nothing written to disk:\n"
-            f'# ds = open_dataset("{repo}", revision="{rev}", streaming=True)\n```\n\n'
-            "`pip install hs-dataset` gives `open_dataset`; it downloads the version's files once (a download "
-            "killed midway resumes), checks every shard against the xxh3-128 hashes below, and maps the files "
-            "where they are: opened again, nothing is downloaded. Plain `datasets` works too: "
-            f'`load_dataset("{repo}", revision="{rev}", split="train")`, but it keeps two more copies of the data '
-            "(the hub cache, and the Arrow conversion in the `datasets` cache), and `with_format(\"torch\")` gives "
-            "int64 copies of the stored bits, not bf16 (decode them as below); it checks none of the xxh3-128 "
-            "hashes below.\n\n"
-            "Each published version is a git tag of this repository; `main` holds the newest version.\n"
-            "Pin a `revision` for training runs that must be reproducible.")
-
-
 def _responses(config: dict) -> str:
     """How the assistant replies came about (the ``responses`` and ``generation`` fields)."""
     if config.get("responses") != "regenerate":
         return "from the source"
-    return "regenerated by the target model, generation `" + _code(json.dumps(config.get("generation") or {},
+    return "regenerated by the target model, generation `" + code(json.dumps(config.get("generation") or {},
                                                                               sort_keys=True)) + "`"
 
 
@@ -196,9 +135,9 @@ def checksums_section(metadata: dict, repo_id: str | None, version: str) -> str:
     shards = metadata.get("shards")
     if not isinstance(shards, list) or not shards:
         return "n/a: this build records no shard checksums."
-    target = f"{_code(repo_id)} --revision {_code(version)}" if repo_id else "DIR"
+    target = f"{code(repo_id)} --revision {code(version)}" if repo_id else "DIR"
     rows = ["| shard | rows | bytes | xxh3-128 |", "|---|---|---|---|"]
-    rows += [f"| `{_code(s.get('name'))}` | {_cell(s.get('rows'))} | {_cell(s.get('bytes'))} | `{_code(s.get('xxh3_128'))}` |"
+    rows += [f"| `{code(s.get('name'))}` | {cell(s.get('rows'))} | {cell(s.get('bytes'))} | `{code(s.get('xxh3_128'))}` |"
              for s in shards if isinstance(s, dict)]
     return (f"Each shard's rows, size and xxh3-128 content hash, as recorded when it was written (also in "
             f"`hs_dataset.json`, under `shards`). Check a copy with `hs-dataset verify {target}`.\n\n"
@@ -221,9 +160,9 @@ def layer_ids_section(metadata: dict) -> str:
             ("ModelOpt", "`eagle_aux_hidden_state_layer_ids`", ids["modelopt"]["eagle_aux_hidden_state_layer_ids"],
              ids["modelopt"]["rule"])]
     table = ["| engine / trainer | drafter config key | ids | rule |", "|---|---|---|---|"]
-    table += [f"| {who} | {key} | {'none' if v is None else '`' + _code(json.dumps(v)) + '`'} | {_cell(rule)} |"
+    table += [f"| {who} | {key} | {'none' if v is None else '`' + code(json.dumps(v)) + '`'} | {cell(rule)} |"
               for who, key, v, rule in rows]
-    return (f"The stored layers {_cell(layers)} (hs_dataset's convention: layer k is the output of decoder layer "
+    return (f"The stored layers {cell(layers)} (hs_dataset's convention: layer k is the output of decoder layer "
             "k) are these ids in a drafter's config:\n\n" + "\n".join(table))
 
 
@@ -235,14 +174,14 @@ def _history_table(history: list[dict], tags: dict[str, str], current_version: s
             commit = "this commit"
         else:
             commit = entry.get("commit") or tags.get(version) or "n/a"
-            commit = f"`{_code(commit)}`" if commit != "n/a" else commit
+            commit = f"`{code(commit)}`" if commit != "n/a" else commit
         notes = []
         if entry.get("force"):
             prev = entry.get("previous_commit")
-            notes.append(f"force-pushed, replaced `{_code(prev)}`" if prev else "force-pushed")
+            notes.append(f"force-pushed, replaced `{code(prev)}`" if prev else "force-pushed")
         if entry.get("note"):
-            notes.append(_cell(entry["note"]))
-        rows.append(f"| `{_code(version)}` | {commit} | {_cell(entry.get('pushed_at'))} | {'; '.join(notes) or ''} |")
+            notes.append(cell(entry["note"]))
+        rows.append(f"| `{code(version)}` | {commit} | {cell(entry.get('pushed_at'))} | {'; '.join(notes) or ''} |")
     return "\n".join(rows)
 
 
@@ -304,7 +243,7 @@ def render_card(metadata: dict, extra: dict) -> str:
 
     versions = backend.get("versions") or {}
     versions_table = "\n".join(
-        ["| package | version |", "|---|---|"] + [f"| {_cell(k)} | `{_code(v)}` |" for k, v in sorted(versions.items())]
+        ["| package | version |", "|---|---|"] + [f"| {cell(k)} | `{code(v)}` |" for k, v in sorted(versions.items())]
     ) if versions else "n/a"
     forced = [e for e in history if e.get("force")]
     force_note = ""
@@ -312,44 +251,44 @@ def render_card(metadata: dict, extra: dict) -> str:
         lines = ["", "**Force-pushed versions.** These tags were moved to new commits; the commits they pointed "
                      "at before are listed so that earlier downloads can be identified:", ""]
         for e in forced:
-            lines.append(f"- `{_code(e.get('version'))}` force-pushed at {_cell(e.get('pushed_at'))}, previous commit "
-                         f"`{_code(e.get('previous_commit'))}`")
+            lines.append(f"- `{code(e.get('version'))}` force-pushed at {cell(e.get('pushed_at'))}, previous commit "
+                         f"`{code(e.get('previous_commit'))}`")
         force_note = "\n".join(lines) + "\n"
 
     values = {
-        "title": _cell(extra.get("title") or f"{repo_id} ({version})"),
+        "title": cell(extra.get("title") or f"{repo_id} ({version})"),
         "load_section": load_snippet(extra.get("repo_id"), version, extra.get("local_dir")),
-        "repo_id": _code(repo_id),
-        "version": _code(version),
-        **{f"model_{k}": _code(model.get(k)) for k in ("path", "revision")},
-        "architecture": _code(model.get("architecture")),
-        **{k: _cell(model.get(k)) for k in ("hidden_size", "num_layers")},
-        "layers": _cell(layers),
-        "storage_dtype": _code(storage_dtype),
-        "stored_as": _cell(metadata.get("stored_as") or "uint16 bits"),
-        "hidden_columns": ", ".join(f"`{_code(c)}`" for c in hidden_columns) or "n/a",
+        "repo_id": code(repo_id),
+        "version": code(version),
+        **{f"model_{k}": code(model.get(k)) for k in ("path", "revision")},
+        "architecture": code(model.get("architecture")),
+        **{k: cell(model.get(k)) for k in ("hidden_size", "num_layers")},
+        "layers": cell(layers),
+        "storage_dtype": code(storage_dtype),
+        "stored_as": cell(metadata.get("stored_as") or "uint16 bits"),
+        "hidden_columns": ", ".join(f"`{code(c)}`" for c in hidden_columns) or "n/a",
         "decode_snippet": decode_snippet(storage_dtype, hidden_columns[0] if hidden_columns else "hidden",
                                          model.get("hidden_size")),
-        "decode_helper": _code(metadata.get("decode")),
-        **{f"tokenizer_{k}": _code(tokenizer.get(k)) for k in ("path", "class")},
-        "token_offsets": _cell(tokenizer.get("token_offsets")),
-        "trust_remote_code": _cell({True: "yes", False: "no"}.get(bool(tokenizer["trust_remote_code"]))
+        "decode_helper": code(metadata.get("decode")),
+        **{f"tokenizer_{k}": code(tokenizer.get(k)) for k in ("path", "class")},
+        "token_offsets": cell(tokenizer.get("token_offsets")),
+        "trust_remote_code": cell({True: "yes", False: "no"}.get(bool(tokenizer["trust_remote_code"]))
                                    if "trust_remote_code" in tokenizer else None),
-        "chat_template_sha256": _code(tokenizer.get("chat_template_sha256")),
-        "source": _code(metadata.get("source")),
-        **{k: _cell(metadata.get(k)) for k in ("layer_convention", "max_length", "sample_ids", "format_version")},
-        "license": _code((metadata.get("config") or {}).get("license", "not recorded")),
+        "chat_template_sha256": code(tokenizer.get("chat_template_sha256")),
+        "source": code(metadata.get("source")),
+        **{k: cell(metadata.get(k)) for k in ("layer_convention", "max_length", "sample_ids", "format_version")},
+        "license": code((metadata.get("config") or {}).get("license", "not recorded")),
         "layer_ids": layer_ids_section(metadata),
         "responses": _responses(metadata.get("config") or {}),
-        "samples_in": _cell(counts.get("samples_in")),
-        "samples_written": _cell(counts.get("written")),
-        "samples_rejected": _cell(counts.get("rejected")),
-        "tokens_written": _cell(counts.get("tokens_written")),
+        "samples_in": cell(counts.get("samples_in")),
+        "samples_written": cell(counts.get("written")),
+        "samples_rejected": cell(counts.get("rejected")),
+        "tokens_written": cell(counts.get("tokens_written")),
         "data_bytes": human_bytes(metadata.get("bytes")),
         "bytes_per_token": _bytes_per_token(metadata),
-        "backend_name": _cell(backend.get("name")),
+        "backend_name": cell(backend.get("name")),
         "versions_table": versions_table,
-        "columns": ", ".join(f"`{_code(c)}`" for c in columns) or "n/a",
+        "columns": ", ".join(f"`{code(c)}`" for c in columns) or "n/a",
         "checksums": checksums_section(metadata, extra.get("repo_id"), version),
         "build_command": build_command,
         "history_table": _history_table(history, tags, version) if history else "n/a",
