@@ -158,7 +158,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 self._reject(r)
 
             r = self.resolved
-            for _, sample in skip_duplicates(tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(start, stop)],
+            for _, sample in skip_duplicates(tokenized_samples(r.source, r.config, r.tokenizer, r.vocab_size, [(start, stop)],
                                                                reject, generator=backend, workers=self._workers),
                                              r.duplicate_rows, reject):
                 self.counts.samples_in += 1

@@ -32,7 +32,6 @@ same command ends with the same rows as an uninterrupted build:
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import logging
 import os
 import shutil
@@ -63,24 +62,20 @@ from hs_dataset.interrupts import check_interrupt, interrupts_deferred
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.redact import record_redacted, redact, redact_command
 from hs_dataset.layout import DATA_DIR, STATE_DIR
-from hs_dataset.prepare.duplicates import load_skipped
-from hs_dataset.prepare.source_spec import resolve_source, rows_to_build, source_fingerprint
+from hs_dataset.model_info import read_model_info
+from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.records import Counts
 
 __all__ = ["BuildSummary", "build"]
 
 logger = logging.getLogger(__name__)
 
-# Parts committed at once while the next one is generated: each part's shards are written by threads of their
-# own (hs_dataset.write.native_files), and one H200 host wrote 3.21 GB/s into /dev/shm with one file, 5.18 GB/s
-# with 2 side by side and 12.67 GB/s with 4 (benchmarks/file_writes.py), while Kimi-width capture runs at
-# ~6.4 GB/s: a part's writes must overlap the next ones'. What is queued stays bounded by QUEUE_BYTES.
+# Parts committed at once while the next one is generated: one file is written slower than Kimi-width capture
+# produces states, several side by side are not (benchmarks/file_writes.py), so a part's writes overlap the next
+# ones'. What is queued stays bounded by native_files.QUEUE_BYTES.
 COMMITS_IN_FLIGHT = 3
-# Python's GIL switch interval while a build runs (5 ms by default). The statistics threads call torch a handful of
-# times per state, releasing the GIL each time; while another thread runs Python code, taking it back waits for
-# that thread's interval. On the H200's host (benchmarks/stats_overhead.py --threads, one thread running Python
-# beside them, the numpy kernels of the time: ~110 calls a state) 8 counting threads moved 0.32 GB/s at 5 ms,
-# 1.37 GB/s at 0.5 ms.
+# Python's GIL switch interval while a build runs (5 ms by default): the statistics threads release the GIL in each
+# torch call, and taking it back waits up to another thread's interval (benchmarks/stats_overhead.py --threads).
 SWITCH_INTERVAL_S = 0.0005
 
 
@@ -154,7 +149,8 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
            sink: RowSink | None) -> BuildSummary:
     t0 = time.time()
     state = out / STATE_DIR
-    check_output(out, config.source)  # an output that is not ours is refused before anything is touched
+    source = resolve_source(config.source)  # the source string parsed once: kind, name, path (rows: on first use)
+    check_output(out, source.local)  # an output that is not ours is refused before anything is touched
     (state / "parts").mkdir(parents=True, exist_ok=True)
     (out / DATA_DIR).mkdir(exist_ok=True)
     lock = lock_output(out, state)
@@ -165,20 +161,18 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         if build_command is not None:
             build_command, more = redact_command(build_command)
             secrets += more
-        resolved = resolve_build(config, info=backend.info if backend is not None else None)
-        info, layers = resolved.info, resolved.layers
-        key = dict(config.content_key(), source_fingerprint=source_fingerprint(config.source),
-                   hidden_size=info.hidden_size, num_layers=info.num_layers)
-        check_resume(state, redact(key)[0])  # local records hold no credential either
-        if resolve_source(config.source).name_redacted:
+        info = backend.info if backend is not None else read_model_info(config.model, config.model_revision)
+        key = dict(config.content_key(), source_fingerprint=source.fingerprint, hidden_size=info.hidden_size,
+                   num_layers=info.num_layers)
+        check_resume(state, redact(key)[0])  # local records hold no credential either; before state/ is written
+        resolved = resolve_build(config, info=info, source=source, state=state)  # the duplicates skipped: kept in state/
+        layers = resolved.layers
+        if source.name_redacted:
             logger.warning("hs_dataset: the source's name looks like it holds a credential: its sample ids use %s "
-                           "instead (hs_dataset.json says so)", resolve_source(config.source).name)
+                           "instead (hs_dataset.json says so)", source.name)
         record_redacted(state, secrets)  # salted digests only: push scans its uploads for them
 
-        n = rows_to_build(config.source, config.max_samples)
-        if config.duplicates == "skip":  # found before any capture, the same for every part and worker
-            resolved = dataclasses.replace(resolved, duplicate_rows=load_skipped(
-                state, config, resolved.tokenizer, resolved.vocab_size, n))
+        n = source.rows_to_build(config.max_samples)
         ext = config.file_format
         parts = part_ranges(n, config.part_size)
         check_shrink(out, state, n, allow_shrink)  # before recover, which would drop the rows beyond n

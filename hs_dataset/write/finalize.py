@@ -31,8 +31,7 @@ from hs_dataset.integrity.summary import build_statistics
 from hs_dataset.layout import DATA_DIR, DUPLICATE_STAGE, META_FILE, README_FILE, REJECTS_FILE
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.model_info import LAYER_CONVENTION
-
-from hs_dataset.prepare.source_spec import resolve_source
+from hs_dataset.prepare.source_spec import Source
 from hs_dataset.records import Counts
 
 __all__ = ['FORMAT_VERSION', 'check_outputs', 'finalize', 'versions']
@@ -112,7 +111,7 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
         "mask": config.mask,
         "truncation": config.truncation,
         "source": config.source,
-        "sample_ids": _sample_ids(config),
+        "sample_ids": _sample_ids(config, resolved.source),
         "counts": dataclasses.asdict(counts),
         "bytes": nbytes,
         "files": len(files),
@@ -145,13 +144,12 @@ def _statistics(out: Path, files: list[dict], quality: list[dict | None], config
                             hidden=hidden)
 
 
-def _sample_ids(config: HiddenStatesConfig) -> str:
+def _sample_ids(config: HiddenStatesConfig, source: Source) -> str:
     """How the build's sample ids were made (recorded: a reader can tell where a row came from)."""
     if config.sample_id == "hash":
         return "the first 16 hex digits of the sha256 of each source row"
-    spec = resolve_source(config.source)
-    why = " (the source's file name looks like it holds a credential, so it is not used)" if spec.name_redacted else ""
-    return f"{spec.name}:<row index>{why}"
+    why = " (the source's file name looks like it holds a credential, so it is not used)" if source.name_redacted else ""
+    return f"{source.name}:<row index>{why}"
 
 
 def check_outputs(out: Path, files: list[dict]) -> None:

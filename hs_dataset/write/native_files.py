@@ -8,33 +8,30 @@ own thread writes the queue in order with ``os.write`` (which releases the GIL).
 wait for the disk while it has the next rows to prepare, and the shard of a part that is finished is still
 being written while the next part's shard starts: several files are written at once.
 
-Why files and not threads within a file: a buffered write holds the file's inode lock on tmpfs and ext4.
-On the H200's host, into /dev/shm, 8 threads writing 8 MiB pieces of one file (what this module did
-before) moved 2.68 GB/s at 2.12 CPU-s/GB, one thread 3.21 GB/s at 0.31 CPU-s/GB, and 2, 4 or 8 files
-written side by side 5.18, 12.67 or 19.60 GB/s (``benchmarks/file_writes.py``,
-``benchmarks/results/2026-12-03-h200-file-writes.json``).
+Why files and not threads within a file: a buffered write holds the file's inode lock on tmpfs and ext4, so
+threads writing pieces of one file wait for each other, while files written side by side do not
+(``benchmarks/file_writes.py``).
 
 What bounds it: a queued buffer keeps the row it belongs to alive (for a capture, its ring region, which
 the engine then waits for), and all files of the process together queue at most :data:`QUEUE_BYTES`
 (``write`` waits beyond that). A file is whole once :func:`drain` returns for its folder: the commit
 drains a part's staging folder before it moves its shards (:mod:`hs_dataset.write.parts`); a write that
 failed (a full disk) is raised there, or by the file's next ``write``, as an ``OSError`` naming the file.
-Each file's thread also hashes what it writes (xxh3-128, the shards' content hash, which releases the GIL:
-22 GB/s on one VM core), so the commit does not read a shard back to hash it: :func:`drain` returns the
+Each file's thread also hashes what it writes (xxh3-128, the shards' content hash, which releases the GIL),
+so the commit does not read a shard back to hash it: :func:`drain` returns the
 digests, :func:`written` finds a shard's (``datasets`` renames its shards after writing them).
 :func:`abandon` drops what a discarded part still had queued.
 
 A coded build (``compression=zstd``, ``file_format=parquet``: :mod:`hs_dataset.codec.coding`) opens its staging
 folder with :func:`~hs_dataset.write.native_fs.coding_options`: each shard's thread, once the shard is written,
-codes it from a mapping of the file into ``.coded-<inode>`` beside it, counting its rows and hashing the coded
+codes it from a mapping of the file into ``.coded-<inode>.tmp-<pid>`` beside it, counting its rows and hashing the coded
 bytes as it writes them (not read back). So a part's shards are coded one by one while the next shards are
-captured, each on its own thread, and the commit finds them coded (the build into /dev/shm waited 78% of its
-commits for coding done there, H200, 2026-12-04).
+captured, each on its own thread, and the commit finds them coded instead of coding them itself.
 
 ``datasets`` numbers a part's shards once they are closed, by moving each (:func:`move`); a move of a file still
 being written is left to its thread, after its last write: a rename takes the file's inode lock, which each
-``write`` of the thread holds (tmpfs, ext4), so renaming it at once waited for the queue (0.2-0.4 s a shard,
-0.5-1.0 s a part on this VM's /dev/shm, the build's thread blocked meanwhile).
+``write`` of the thread holds (tmpfs, ext4), so renaming it at once would block the build's thread until the
+queue is written.
 """
 
 from __future__ import annotations
@@ -46,19 +43,20 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import xxhash
 
-from hs_dataset.atomic import write_all
+from hs_dataset.atomic import tmp_path, write_all
 from hs_dataset.codec.coding import Source, code_shard
 
 __all__ = ["QUEUE_BYTES", "BackgroundFile", "CodedShard", "Written", "abandon", "code_file", "drain", "move",
            "written"]
 
 # Queued across all files: about 36 Kimi-width rows of 2,048 tokens, up to 8 shard files of 512 MiB written at once
-# (with 2 GiB, 4: a bf16 build at Kimi width into /dev/shm waited 25% of its time for the queue, H200, 2026-12-04)
+# (a smaller queue made the build wait for it: benchmarks/build_cpu.py --queue-mib)
 QUEUE_BYTES = 4 << 30
 
 
@@ -147,8 +145,9 @@ class BackgroundFile(io.RawIOBase):
     """A file opened for writing whose writes a thread of its own carries out, in order (module docstring)."""
 
     def __init__(self, path: str, coding: str | None = None, state_columns: tuple[str, ...] = ()):
-        """``coding``: once written, the thread codes the file (an Arrow IPC stream) into ``.coded-<inode>``
-        beside it (:func:`hs_dataset.codec.coding.code_shard`, ``state_columns`` for Parquet's byte planes)."""
+        """``coding``: once written, the thread codes the file (an Arrow IPC stream) into
+        ``.coded-<inode>.tmp-<pid>`` beside it (:func:`hs_dataset.codec.coding.code_shard`, ``state_columns`` for
+        Parquet's byte planes)."""
         super().__init__()
         self.name = path  # where the file is, or will be once its thread has moved it (move_later)
         self._at = path  # where the file is on disk
@@ -241,7 +240,7 @@ class BackgroundFile(io.RawIOBase):
     def _code(self) -> None:
         """Code the file just written from a mapping of it (its name may have changed since: ``datasets``
         numbers its shards after closing them; the coded file is named by the inode)."""
-        dst = os.path.join(os.path.dirname(self.name), f".coded-{self.key[1]}")
+        dst = str(tmp_path(Path(os.path.dirname(self.name)) / f"coded-{self.key[1]}"))
         try:
             # Not closed here: Arrow's threads may let go of the last slice of it a moment after the coding
             # returns (closing it then fails); it is unmapped when the last reference goes.

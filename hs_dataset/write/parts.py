@@ -20,7 +20,7 @@ from pathlib import Path
 
 import datasets
 
-from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
+from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file, tmp_path
 from hs_dataset.write.builder import HiddenStatesBuilder
 from hs_dataset.write.drop_rows import drop_rows, recount
 from hs_dataset.write.native_files import CodedShard, Written, abandon, code_file, drain, written
@@ -148,7 +148,7 @@ def _coded(src: str, drained: Mapping[tuple[int, int, int], Written], coding: st
     done = written(drained, src)
     if done is not None and done.coded is not None:
         return done.coded
-    return code_file(coding, src, os.path.join(os.path.dirname(src), ".coded-" + os.path.basename(src)), state_columns)
+    return code_file(coding, src, str(tmp_path(Path(src))), state_columns)
 
 
 def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
