@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hs_dataset.errors import ConfigError, MissingPathError
-from hs_dataset.layout import utf8_safe
+from hs_dataset.errors import ConfigError, ForeignFilesError, MissingPathError
+from hs_dataset.layout import STATE_DIR, utf8_safe
 from hs_dataset.redact import redact_text
 
 __all__ = ["LINES_PER_OFFSET", "Source", "id_name", "open_parquet", "parquet_error", "resolve_source"]
@@ -81,6 +81,22 @@ class Source:
         if self.kind == "parquet":
             return int(self.row_groups[-1])
         return len(self.dataset[0])
+
+    def check_outside(self, folder: Path) -> None:
+        """Refuse a local source inside ``folder``, a build's output (its ``.hs_build/`` excepted: imports write
+        their index there): a rebuild would delete it.
+
+        Raises:
+            ForeignFilesError: naming both and what to do.
+        """
+        local = self.local
+        if local is None:
+            return
+        a, b = local.resolve(), folder.resolve()
+        if (a == b or b in a.parents) and (b / STATE_DIR) not in (a, *a.parents):
+            raise ForeignFilesError(f"the source {local} lies inside the output directory {folder}: a build owns its "
+                                    "output and removes what it did not write; move the source out, or pass another "
+                                    "--output")
 
     def rows_to_build(self, max_samples: int | None) -> int:
         """The source rows a build reads: all of :attr:`rows`, at most ``max_samples``."""

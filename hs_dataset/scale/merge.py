@@ -75,12 +75,18 @@ class MergeSummary:
                 f"{c.rejected} rejected (of {c.samples_in}), {c.tokens_written} tokens; {how}, in {self.seconds:.1f}s")
 
 
-def _local_source(text: str | None) -> Path | None:
-    """The local file or folder of the shares' source (None: none here; a merge may run without it)."""
+def _check_source_outside(text: str | None, out: Path) -> None:
+    """Refuse the shares' source inside ``out`` (where it is here; a merge may run without it).
+
+    Raises:
+        ForeignFilesError: it is.
+    """
     try:
-        return resolve_source(text).local if text else None
+        source = resolve_source(text) if text else None
     except HsDatasetError:
-        return None
+        return
+    if source is not None:
+        source.check_outside(out)
 
 
 def found_shares(out: str | os.PathLike) -> list[Path]:
@@ -127,7 +133,8 @@ def merge_shares(out: str | os.PathLike, share_dirs: Sequence[str | os.PathLike]
         first = _check_set(out, shares)
         records = _check_files(shares, full)
         state = out / STATE_DIR
-        check_output(out, _local_source(first["config"].get("source")))  # an output not ours is refused untouched
+        check_output(out)  # an output that is not ours is refused untouched, and a source inside it
+        _check_source_outside(first["config"].get("source"), out)
         (state / "parts").mkdir(parents=True, exist_ok=True)
         (out / DATA_DIR).mkdir(exist_ok=True)
         lock = lock_output(out, state)

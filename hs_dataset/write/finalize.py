@@ -89,6 +89,11 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
             except ValueError:
                 pass
     nbytes = sum(f["bytes"] for f in files)
+    assert resolved.source is not None, "resolved with its source (resolve_build)"
+    sample_ids = _sample_ids(config, resolved.source)
+    statistics = _statistics(out, files, quality, config, info.hidden_size, counts)
+    backend_versions = versions(backend) if backend is not None else \
+        previous.get("backend", {}).get("versions") or {**versions(None), **record_versions}
     meta = {
         "format_version": FORMAT_VERSION,
         "model": info.to_dict(),
@@ -111,18 +116,17 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
         "mask": config.mask,
         "truncation": config.truncation,
         "source": config.source,
-        "sample_ids": _sample_ids(config, resolved.source),
+        "sample_ids": sample_ids,
         "counts": dataclasses.asdict(counts),
         "bytes": nbytes,
         "files": len(files),
         "backend": {"name": config.backend,
                     "options": config.backend_options,
-                    "versions": versions(backend) if backend is not None else
-                    previous.get("backend", {}).get("versions") or {**versions(None), **record_versions}},
+                    "versions": backend_versions},
         "build_command": build_command or previous.get("build_command"),
         "config": config.to_dict(),
         REJECTS_HASH_KEY: rejects_digest(rejects_text),
-        "statistics": _statistics(out, files, quality, config, info.hidden_size, counts),
+        "statistics": statistics,
         **({"probe": previous["probe"]} if previous.get("probe") and previous.get("shards") == files else {}),
         "shards": files,  # name, bytes, rows, xxh3_128, edges_xxh3_128 (hs_dataset.integrity.checksums)
     }

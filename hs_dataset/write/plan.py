@@ -151,7 +151,9 @@ def plan_build(config: HiddenStatesConfig, *, sample: int | None = None, progres
     resolved = resolve_build(config)
     info, layers = resolved.info, resolved.layers
     check_backend_options(config.backend, dict(config.backend_options, trust_remote_code=config.trust_remote_code))
-    source_rows, rows = resolved.source.rows, resolved.source.rows_to_build(config.max_samples)
+    source = resolved.source
+    assert source is not None, "resolved with its source (resolve_build)"
+    source_rows, rows = source.rows, source.rows_to_build(config.max_samples)
     ranges = part_ranges(rows, config.part_size)
     n_parts = len(ranges)
     plan = BuildPlan(config, info, layers, source_rows, rows, part_samples=[0] * n_parts, part_tokens=[0] * n_parts)
@@ -176,7 +178,7 @@ def plan_build(config: HiddenStatesConfig, *, sample: int | None = None, progres
 
     workers = start_tokenize_workers(dataclasses.replace(resolved, config=cfg), n_read)
     with workers if workers is not None else contextlib.nullcontext(), contextlib.closing(bar):
-        for index, one in tokenized_samples(resolved.source, cfg, resolved.tokenizer, resolved.vocab_size, read, reject,
+        for index, one in tokenized_samples(source, cfg, resolved.tokenizer, resolved.vocab_size, read, reject,
                                             workers=workers):
             bar.row(one.num_tokens)
             dup = plan.duplicates.add(index, one.sample_id, token_digests(one.input_ids, one.loss_mask),

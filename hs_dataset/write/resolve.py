@@ -7,6 +7,7 @@ source string again).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import logging
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ResolvedBuild", "resolve_build", "start_tokenize_workers"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ResolvedBuild:
@@ -36,9 +39,10 @@ class ResolvedBuild:
         layers: ``config.layers`` checked against ``info``.
         tokenizer: the target's tokenizer (``config.tokenizer`` or the model directory), loaded once.
         tokenizer_record: what ``hs_dataset.json`` records about it.
-        duplicate_rows: with ``duplicates="skip"``, the source rows left out and their originals' ids
-            (``{row: id}``, :func:`hs_dataset.prepare.duplicates.load_skipped`), when the build found them.
-        given_source: the source as the caller resolved it (None: :attr:`source` resolves it on first use).
+        source: the source (kind, name, rows, fingerprint), resolved once; None: resolved without it (a probe,
+            which may run where the source is not).
+        state: the build's state folder, which keeps the duplicates found (:attr:`duplicate_rows`; None: a
+            resolve that builds nothing, and leaves none out).
     """
 
     config: HiddenStatesConfig
@@ -46,14 +50,19 @@ class ResolvedBuild:
     layers: tuple[int, ...]
     tokenizer: PreTrainedTokenizerBase
     tokenizer_record: dict[str, Any]
-    duplicate_rows: Mapping[int, str] = field(default_factory=dict)
-    given_source: Source | None = field(default=None, repr=False)
+    source: Source | None = field(default=None, repr=False)
+    state: Path | None = None
 
     @cached_property
-    def source(self) -> Source:
-        """The source, resolved once (kind, name, rows, fingerprint): the one given, else ``config.source``'s on
-        first use (a probe or a merge resolves a build where the source need not be)."""
-        return self.given_source or resolve_source(self.config.source)
+    def duplicate_rows(self) -> Mapping[int, str]:
+        """With ``duplicates="skip"``, the source rows left out and their originals' ids (``{row: id}``): found
+        once, before the first sample is captured, and kept in ``state/`` for every later part, run and worker
+        (:func:`hs_dataset.prepare.duplicates.load_skipped`)."""
+        if self.state is None or self.config.duplicates != "skip":
+            return {}
+        assert self.source is not None, "a build resolves its source"
+        return load_skipped(self.state, self.source, self.config, self.tokenizer, self.vocab_size,
+                            self.source.rows_to_build(self.config.max_samples))
 
     @property
     def storage_dtype(self) -> StorageDtype:
@@ -86,33 +95,36 @@ class ResolvedBuild:
         return min(len(self.tokenizer), self.info.vocab_size)
 
 
-def resolve_build(config: HiddenStatesConfig, *, info: ModelInfo | None = None, source: Source | None = None,
-                  state: Path | None = None) -> ResolvedBuild:
-    """Read the model's ``config.json`` (unless ``info`` is given: a started backend's), check the layers, load
-    the tokenizer; with ``state`` and ``duplicates="skip"``, find the duplicates to leave out.
+def resolve_build(config: HiddenStatesConfig, *, info: ModelInfo | None = None, state: Path | None = None,
+                  with_source: bool = True) -> ResolvedBuild:
+    """Resolve the source (its string parsed once: :func:`~hs_dataset.prepare.source_spec.resolve_source`), load
+    the tokenizer, read the model's ``config.json`` (unless ``info`` is given: a started backend's), check the layers.
+    The source's rows and fingerprint, and the duplicates, are worked out on first use.
 
     Args:
         config: the build's configuration.
         info: the model as a started backend already read it.
-        source: ``config.source`` resolved already (:func:`~hs_dataset.prepare.source_spec.resolve_source`).
-        state: the build's state folder, where the duplicates found are kept
-            (:func:`~hs_dataset.prepare.duplicates.load_skipped`; None: none are left out).
+        state: the build's state folder ``OUT/.hs_build``: the source is refused inside ``OUT``, and the duplicates
+            found are kept there (:attr:`ResolvedBuild.duplicate_rows`; None: no duplicate is left out).
+        with_source: False: leave the source out (a probe, which may run where the source is not).
 
     Raises:
-        MissingPathError: no ``config.json`` in the model directory.
-        ConfigError: a bad layer id, or a tokenizer that cannot be used (the message names the fix).
+        MissingPathError: no ``config.json`` in the model directory, or no source.
+        ConfigError: a bad layer id, a tokenizer that cannot be used, an unsupported source (the message names the fix).
+        ForeignFilesError: with ``state``, the source lies inside the output.
     """
-    info = info or read_model_info(config.model, config.model_revision)
-    layers = check_layers(config.layers, info)
+    source = resolve_source(config.source) if with_source else None
+    if source is not None and state is not None:  # a build owns its output: its source must not be in it
+        source.check_outside(state.parent)
+        if source.name_redacted:
+            logger.warning("hs_dataset: the source's name looks like it holds a credential: its sample ids use %s "
+                           "instead (hs_dataset.json says so)", source.name)
     path = config.tokenizer or config.model
     tokenizer = load_tokenizer(path, trust_remote_code=config.trust_remote_code)
     record = tokenizer_record(tokenizer, path, trust_remote_code=config.trust_remote_code)
-    skip: dict[int, str] = {}
-    if state is not None and config.duplicates == "skip":  # found before any capture, the same for every part
-        source = source or resolve_source(config.source)
-        skip = load_skipped(state, source, config, tokenizer, min(len(tokenizer), info.vocab_size),
-                            source.rows_to_build(config.max_samples))
-    return ResolvedBuild(config, info, layers, tokenizer, record, skip, source)
+    info = info or read_model_info(config.model, config.model_revision)
+    layers = check_layers(config.layers, info)
+    return ResolvedBuild(config, info, layers, tokenizer, record, source, state)
 
 
 def start_tokenize_workers(resolved: ResolvedBuild, rows: int) -> TokenizeWorkers | None:
