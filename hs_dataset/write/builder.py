@@ -14,7 +14,7 @@ also be used directly::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import datasets
 import pyarrow as pa
@@ -170,7 +170,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         yield from start_capture(backend, counted(), r.storage_dtype, row_tokens=r.row_tokens,
                                  max_tokens=r.config.max_length, teacher_k=r.teacher_k, final=r.config.store_final)
 
-    def _generate_tables(self, start: int, stop: int | None) -> Iterator[tuple[Key, Any]]:
+    def _generate_tables(self, start: int, stop: int | None) -> Generator[tuple[Key, Any], None, None]:
         cfg = self.resolved.config
         schema = self.info.features.arrow_schema
         own = self._backend is None and self._stream is None

@@ -144,9 +144,9 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
            sink: RowSink | None) -> BuildSummary:
     t0 = time.time()
     state = out / STATE_DIR
-    check_output(out)  # an output that is not ours is refused before anything is touched
-    # the model, the tokenizer and the source (parsed once; a source inside the output is refused) resolved, untouched
+    # the source (parsed once, refused inside the output), the tokenizer and the model resolved; nothing touched
     resolved = resolve_build(config, info=backend.info if backend is not None else None, state=state)
+    check_output(out)  # an output that is not ours is refused before anything is touched
     info, layers, source = resolved.info, resolved.layers, resolved.source
     assert source is not None, "a build resolves its source"
     (state / "parts").mkdir(parents=True, exist_ok=True)

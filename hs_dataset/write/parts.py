@@ -58,8 +58,9 @@ def _write_shards(builder: HiddenStatesBuilder, staging: Path, start: int, stop:
     max_bytes = min(config.max_shard_bytes, CODED_SHARD_BYTES) if coding else config.max_shard_bytes
     writer: ArrowWriter | None = None
     k = -1
+    tables = builder._generate_tables(start, stop)
     try:
-        for _, table in builder._generate_tables(start, stop):
+        for _, table in tables:
             if writer is None or writer._num_bytes > max_bytes:
                 if writer is not None:
                     writer.finalize()  # and closes its file: its thread writes what is queued
@@ -73,6 +74,7 @@ def _write_shards(builder: HiddenStatesBuilder, staging: Path, start: int, stop:
                 writer.write_table(table)
             del table  # a row's states may be ring memory, reused once nothing holds it
     except BaseException:
+        tables.close()  # the capture ends now (its statistics threads too), not when the generator is collected
         if writer is not None:
             writer.stream.close()  # what it has queued is dropped with the part (_discard_part)
         raise
