@@ -36,6 +36,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -108,7 +109,9 @@ def main() -> None:
     trees = [str(Path(t).resolve()) for t in a.trees.split(",")]
     for rep in range(a.reps):
         for v in a.variants.split(","):
-            for tree in trees:  # each checkout's own script and package (PYTHONPATH: nothing else wins)
+            # each checkout's own script and package (PYTHONPATH: nothing else wins); the order flips every rep (the first
+            # build into a fresh --dir runs on colder pages)
+            for tree in (trees if rep % 2 == 0 else trees[::-1]):
                 env = dict(os.environ, PYTHONPATH=tree)
                 r = subprocess.run([sys.executable, str(Path(tree) / "benchmarks" / "build_cpu.py"), "--one", v,
                                     "--samples", str(a.samples), "--dir", str(work), "--part-size", str(a.part_size),
@@ -120,13 +123,15 @@ def main() -> None:
                       f"CPU-s/GB (user {x['user_s']}, sys {x['sys_s']}), {x['shards']} shards  [{tree}]", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     ratios = {}
-    if len(trees) > 1:  # the last checkout against the first, per variant: best wall time and CPU per GB of each
+    if len(trees) > 1:  # the last checkout against the first, per variant: median wall time and CPU per GB of each
         for v in a.variants.split(","):
-            best = {t: (min(x["wall_s"] for x in results if x["tree"] == t and x["variant"] == v),
-                        min(x["cpu_s_per_GB"] for x in results if x["tree"] == t and x["variant"] == v)) for t in trees}
-            ratios[v] = {"wall": round(best[trees[-1]][0] / best[trees[0]][0], 3),
-                         "cpu_per_GB": round(best[trees[-1]][1] / best[trees[0]][1], 3)}
-            print(f"{v:12s} {trees[-1]} / {trees[0]}: wall x{ratios[v]['wall']}, CPU per GB x{ratios[v]['cpu_per_GB']}")
+            mid = {t: (statistics.median(x["wall_s"] for x in results if x["tree"] == t and x["variant"] == v),
+                       statistics.median(x["cpu_s_per_GB"] for x in results if x["tree"] == t and x["variant"] == v))
+                   for t in trees}
+            ratios[v] = {"wall": round(mid[trees[-1]][0] / mid[trees[0]][0], 3),
+                         "cpu_per_GB": round(mid[trees[-1]][1] / mid[trees[0]][1], 3)}
+            print(f"{v:12s} {trees[-1]} / {trees[0]}: wall x{ratios[v]['wall']}, CPU per GB x{ratios[v]['cpu_per_GB']} "
+                  "(medians)")
     if a.json:
         Path(a.json).write_text(json.dumps({"cpus": os.cpu_count(), "samples": a.samples, "trees": trees,
                                             "ratios": ratios, "runs": results}, indent=1))
