@@ -20,7 +20,12 @@ for the writers in all. On the H200's host, 64 samples into /dev/shm with part_s
 2 GiB shards and 4.84 GB/s with 512 MiB ones, a 6 GiB queue changing neither
 (``benchmarks/results/2026-12-04-h200-write-side-sweep.json``, from a script these options replace).
 
+``--trees OLD,NEW`` runs each variant from each checkout (a folder holding ``hs_dataset/`` and ``benchmarks/``,
+e.g. ``git archive REV hs_dataset benchmarks | tar -x -C OLD``), interleaved, and prints NEW's wall time and CPU
+per GB against OLD's: a change to the write path measured before and after in one run.
+
     python benchmarks/build_cpu.py --json benchmarks/results/<date>-<machine>-build-cpu.json
+    python benchmarks/build_cpu.py --variants base --trees /tmp/before,. --reps 3
     python benchmarks/build_cpu.py --samples 64 --variants base --part-size 16 --max-shard-mib 512
 """
 
@@ -31,6 +36,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -89,6 +95,8 @@ def main() -> None:
     ap.add_argument("--max-shard-mib", type=int, default=0, help="shard size (0: the config's default)")
     ap.add_argument("--queue-mib", type=int, default=0,
                     help="bytes queued for the shard writers in all (0: native_files.QUEUE_BYTES)")
+    ap.add_argument("--trees", default=str(ROOT), help="checkouts to run each variant from, comma-separated "
+                    "(the last against the first)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a variant, in this process
     a = ap.parse_args()
@@ -98,18 +106,35 @@ def main() -> None:
         print(json.dumps(one(a.one, work, a.samples, a.part_size, a.max_shard_mib, a.queue_mib)))
         return
     results = []
+    trees = [str(Path(t).resolve()) for t in a.trees.split(",")]
     for rep in range(a.reps):
         for v in a.variants.split(","):
-            r = subprocess.run([sys.executable, __file__, "--one", v, "--samples", str(a.samples), "--dir", str(work),
-                                "--part-size", str(a.part_size), "--max-shard-mib", str(a.max_shard_mib),
-                                "--queue-mib", str(a.queue_mib)], capture_output=True, text=True, check=True)
-            results.append(json.loads(r.stdout.strip().splitlines()[-1]))
-            x = results[-1]
-            print(f"{v:12s} {x['bytes_per_token']:>7,} B/token  {x['GBps']:.2f} GB/s  {x['cpu_s_per_GB']:.2f} CPU-s/GB "
-                  f"(user {x['user_s']}, sys {x['sys_s']}), {x['shards']} shards", flush=True)
+            # each checkout's own script and package (PYTHONPATH: nothing else wins); the order flips every rep (the first
+            # build into a fresh --dir runs on colder pages)
+            for tree in (trees if rep % 2 == 0 else trees[::-1]):
+                env = dict(os.environ, PYTHONPATH=tree)
+                r = subprocess.run([sys.executable, str(Path(tree) / "benchmarks" / "build_cpu.py"), "--one", v,
+                                    "--samples", str(a.samples), "--dir", str(work), "--part-size", str(a.part_size),
+                                    "--max-shard-mib", str(a.max_shard_mib), "--queue-mib", str(a.queue_mib)],
+                                   capture_output=True, text=True, check=True, env=env)
+                results.append(dict(json.loads(r.stdout.strip().splitlines()[-1]), tree=tree))
+                x = results[-1]
+                print(f"{v:12s} {x['bytes_per_token']:>7,} B/token  {x['GBps']:.2f} GB/s  {x['cpu_s_per_GB']:.2f} "
+                      f"CPU-s/GB (user {x['user_s']}, sys {x['sys_s']}), {x['shards']} shards  [{tree}]", flush=True)
     shutil.rmtree(work, ignore_errors=True)
+    ratios = {}
+    if len(trees) > 1:  # the last checkout against the first, per variant: median wall time and CPU per GB of each
+        for v in a.variants.split(","):
+            mid = {t: (statistics.median(x["wall_s"] for x in results if x["tree"] == t and x["variant"] == v),
+                       statistics.median(x["cpu_s_per_GB"] for x in results if x["tree"] == t and x["variant"] == v))
+                   for t in trees}
+            ratios[v] = {"wall": round(mid[trees[-1]][0] / mid[trees[0]][0], 3),
+                         "cpu_per_GB": round(mid[trees[-1]][1] / mid[trees[0]][1], 3)}
+            print(f"{v:12s} {trees[-1]} / {trees[0]}: wall x{ratios[v]['wall']}, CPU per GB x{ratios[v]['cpu_per_GB']} "
+                  "(medians)")
     if a.json:
-        Path(a.json).write_text(json.dumps({"cpus": os.cpu_count(), "samples": a.samples, "runs": results}, indent=1))
+        Path(a.json).write_text(json.dumps({"cpus": os.cpu_count(), "samples": a.samples, "trees": trees,
+                                            "ratios": ratios, "runs": results}, indent=1))
 
 
 if __name__ == "__main__":

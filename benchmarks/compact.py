@@ -105,7 +105,7 @@ def run(be, model: Path, work: Path, samples: int, res: dict, dump, *, disk_rate
 
     conversations = source(work / "src-2k.jsonl", samples, 2048, seed=7)
     r = resolve_build(HiddenStatesConfig(model=str(model), layers=layers, source=str(conversations), max_length=2048))
-    tokenized = [s for _, s in tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(0, samples)], lambda *_: None)]
+    tokenized = [s for _, s in tokenized_samples(r.source, r.config, r.tokenizer, r.vocab_size, [(0, samples)], lambda *_: None)]
     ids = [s.input_ids.tolist() for s in tokenized]
     tokens = sum(len(x) for x in ids)
     # The builds read the conversations tokenized already (ids + loss masks): a build of >= 1,024 rows tokenizes in

@@ -256,7 +256,7 @@ def _run(a, res, dump, t_start, t, model, work, sizes, configs, url, ring_dir) -
     def parity(tokens: int, spans: list[tuple[int, int]], chunk: int) -> dict:
         cfg = configs[tokens]
         r = resolve_build(cfg)
-        (sample,) = [s for _, s in tokenized_samples(cfg, r.tokenizer, r.vocab_size, [(0, 1)], lambda *_: None)]
+        (sample,) = [s for _, s in tokenized_samples(r.source, cfg, r.tokenizer, r.vocab_size, [(0, 1)], lambda *_: None)]
         t = time.time()
         ref = TransformersBackend(str(model), LAYERS, device="cuda", prefill_chunk=chunk)
         want = ref._run_chunked(sample, chunk).states  # [4, T, H] on the CPU
@@ -314,7 +314,7 @@ def _run(a, res, dump, t_start, t, model, work, sizes, configs, url, ring_dir) -
             continue
         cfg = configs[tokens]
         r = resolve_build(cfg)
-        samples = [s for _, s in tokenized_samples(cfg, r.tokenizer, r.vocab_size, [(0, n)], lambda *_: None)]
+        samples = [s for _, s in tokenized_samples(r.source, cfg, r.tokenizer, r.vocab_size, [(0, n)], lambda *_: None)]
         assert all(s.num_tokens == tokens for s in samples), [s.num_tokens for s in samples]
         total = tokens * n
         out: dict = {"samples": n, "tokens": total, "sample_GB": round(tokens * res["bytes_per_token"] / 1e9, 2)}

@@ -8,7 +8,7 @@
                                                     # on a GPU: SGLang at a real width, every build captured
 
 The Hub stores files in Xet, in content-defined chunks of ~64 KiB, and uploads only the chunks it does
-not hold (:mod:`hs_dataset.hub.chunks`). Three versions of one source are built with the real builder
+not hold (``benchmarks/xet_chunks.py``). Three versions of one source are built with the real builder
 on the tiny random Llama (hidden 64, layers 0, 1, 2 + the final state, CPU):
 
 * v1: ``--samples`` conversations;
@@ -50,14 +50,15 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 from hs_dataset.capture.transformers import TransformersBackend  # noqa: E402
 from hs_dataset.codec.encode import bytes_per_token  # noqa: E402
 from hs_dataset.config import HiddenStatesConfig  # noqa: E402
 from hs_dataset.demo.tiny import make_tiny_model_dir, tiny_corpus_path  # noqa: E402
-from hs_dataset.hub.chunks import SharedFraction, chunk_file, shared_fraction  # noqa: E402
+from xet_chunks import SharedFraction, chunk_file, shared_fraction  # noqa: E402
 from hs_dataset.layout import DATA_DIR, STATE_DIR  # noqa: E402
 from hs_dataset.records import CaptureResult, Reject, TokenizedSample  # noqa: E402
 from hs_dataset.write.driver import build  # noqa: E402

@@ -39,6 +39,7 @@ _MEASURE = r"""
 import json, multiprocessing, os, sys, time
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.prepare.samples import tokenized_samples
+from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.prepare.tokenizer import load_tokenizer
 tok_dir, source, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 tok = load_tokenizer(tok_dir, trust_remote_code=True)
@@ -65,7 +66,8 @@ rejects = []
 w0 = cpu_of(pids)
 t, c = time.perf_counter(), time.process_time()
 tokens = samples = 0
-for _, s in tokenized_samples(config, tok, len(tok), [(0, None)], lambda i, r: rejects.append(r), **kw):
+for _, s in tokenized_samples(resolve_source(config.source), config, tok, len(tok), [(0, None)],
+                              lambda i, r: rejects.append(r), **kw):
     tokens += s.num_tokens
     samples += 1
 wall, cpu = time.perf_counter() - t, time.process_time() - c

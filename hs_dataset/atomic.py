@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ['atomic_write', 'fsync_dir', 'fsync_file', 'write_all']
+__all__ = ['atomic_write', 'fsync_dir', 'fsync_file', 'tmp_path', 'write_all']
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -18,13 +18,19 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
+def tmp_path(path: Path) -> Path:
+    """Where a file of this package is written before it is renamed to ``path``: ``.<name>.tmp-<pid>`` beside it
+    (the one name a next build recognizes as a killed write's leftover, :data:`hs_dataset.write.output.TMP_RE`)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write a file so that readers see the old or the new content, never a part.
 
     The text goes to ``.<name>.tmp-<pid>`` (removed if writing fails; a killed writer's leftover
     is removed by the next build), is fsynced, then renamed over ``path``; the folder is fsynced.
     """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = tmp_path(path)
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)

@@ -106,10 +106,8 @@ class ProcessBackend:
         name: the backend to run there (``transformers`` or ``sglang``).
         model, layers, revision: as for that backend.
         options: that backend's own options.
-        timeout: seconds without any word from the child while a result is due before it counts
-            as hung (killed, ``BackendError``). Must exceed the slowest batch.
-        start_timeout: seconds allowed for the child to start the backend (load the model).
-        max_inflight: samples sent ahead of the results received.
+        timeout, start_timeout, max_inflight: the isolation's options
+            (:class:`~hs_dataset.capture.options.IsolateOptions`, which says what each does).
     """
 
     continuous = False

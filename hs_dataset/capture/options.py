@@ -1,7 +1,9 @@
-"""The options of each capture backend (a build's ``backend_options``), read from the backend classes'
-own source (their ``__init__`` signatures: names, defaults; their docstrings: the ``Args:`` lines), so
-that ``hs-dataset build --help`` and the check of a configuration's ``backend_options`` cannot drift
-from the code, and cost no import of the backends (torch, SGLang): the source is parsed, not run.
+"""The options of each capture backend (a build's ``backend_options``), declared as the build configuration's
+fields are: dataclasses whose fields carry their default and one-line help in ``metadata``
+(:class:`TransformersOptions`, :class:`SGLangOptions`, and :class:`IsolateOptions` for every backend), so that
+``hs-dataset build --help`` and the check of a configuration's ``backend_options`` cost no import of the
+backends (torch, SGLang). Each backend's constructor takes these keywords with these defaults
+(``tests/capture/test_options.py`` holds them together).
 
 ``isolate`` and the options of the child process it starts (:class:`~hs_dataset.capture.isolated.ProcessBackend`:
 ``timeout``, ``start_timeout``, ``max_inflight``) apply to every backend.
@@ -9,31 +11,69 @@ from the code, and cost no import of the backends (torch, SGLang): the source is
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
-import importlib.util
-import inspect
-import operator
-import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from hs_dataset.capture.registry import ISOLATION_CLASS, class_path
-from hs_dataset.config import did_you_mean
+from hs_dataset.capture.registry import class_path
+from hs_dataset.config import _f, did_you_mean
 from hs_dataset.errors import ConfigError
 
-__all__ = ["ISOLATE_OPTIONS", "BackendOption", "backend_options", "check_backend_options"]
+__all__ = ["ISOLATE_OPTIONS", "BackendOption", "IsolateOptions", "SGLangOptions", "TransformersOptions",
+           "backend_options", "check_backend_options"]
 
-# Constructor arguments the build passes itself (from the config): not options.
-FROM_BUILD = ("model", "layers", "revision", "name", "options")
 ISOLATE_HELP = "run the backend in a child process: its death or hang stops the build with a clear error"
 # The options of the isolation (ProcessBackend) that every backend takes.
 ISOLATE_OPTIONS = ("isolate", "timeout", "start_timeout", "max_inflight")
-# The operators a default may use (``ring_bytes: int = DEFAULT_RING_BYTES`` with ``DEFAULT_RING_BYTES = 4 << 30``).
-_OPERATORS: dict[type, Callable[..., Any]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-                                              ast.LShift: operator.lshift, ast.Pow: operator.pow,
-                                              ast.USub: operator.neg}
+
+
+@dataclass(frozen=True)
+class TransformersOptions:
+    """``backend_options`` of ``backend=transformers`` (:class:`~hs_dataset.capture.transformers.TransformersBackend`)."""
+
+    device: str | None = _f(None, '"cpu", "cuda", ... (default: cuda when available)')
+    batch_tokens: int = _f(8192, "padded tokens per forward pass")
+    max_batch: int = _f(64, "most samples per forward pass")
+    prefill_chunk: int | None = _f(None, "a sample longer than this runs alone, this many positions per forward pass "
+                                   "over a KV cache (as an engine's chunked prefill), so that attention's memory stays "
+                                   "bounded at long context (default: every sample in one pass)")
+    trust_remote_code: bool = _f(False, "allow the model directory's own modeling code (auto_map)")
+
+
+@dataclass(frozen=True)
+class SGLangOptions:
+    """``backend_options`` of ``backend=sglang`` (:class:`~hs_dataset.capture.sglang.backend.SGLangBackend`)."""
+
+    tp_size: int = _f(1, "tensor parallel size (in-process engine)")
+    sglang_url: str | None = _f(None, "attach to a running patched server instead of starting one (user:password@ "
+                                "in it is sent as HTTP basic auth)")
+    ring_dir: str | None = _f(None, "in-process: where the private ring folder is made (default /dev/shm); attach: "
+                              "the folder named dir in the server's HS_DATASET_CAPTURE (required)")
+    ring_bytes: int | None = _f(None, "size of the shared-memory ring: the states in flight at once (default: 8 GiB, "
+                                "or half of what the ring's folder has free when that is less)")
+    max_inflight: int = _f(32, "requests outstanding at once")
+    chunked_prefill_size: int | None = _f(None, "passed to SGLang (None: SGLang's default)")
+    request_timeout: float = _f(600.0, "seconds without progress before the build stops with an error")
+    prefetch: int = _f(4, "results read from the ring ahead of the consumer")
+    engine_args: dict[str, Any] | None = _f(None, "more sglang.Engine arguments (e.g. attention_backend, "
+                                            "mem_fraction_static)")
+    trust_remote_code: bool = _f(False, "the engine's trust_remote_code (Kimi-K2.5's tokenizer and processor need it), "
+                                 "unless engine_args set it")
+    allow_untested_sglang: bool = _f(False, "go on with an SGLang outside the audited releases (docs/sglang-releases.md); "
+                                     "the start-up self-check still runs")
+
+
+@dataclass(frozen=True)
+class IsolateOptions:
+    """The options of ``isolate`` (:class:`~hs_dataset.capture.isolated.ProcessBackend`), for every backend."""
+
+    timeout: float = _f(600.0, "seconds without any word from the child while a result is due before it counts as "
+                        "hung (killed, BackendError); must exceed the slowest batch")
+    start_timeout: float = _f(3600.0, "seconds allowed for the child to start the backend (load the model)")
+    max_inflight: int = _f(64, "samples sent ahead of the results received")
+
+
+OPTIONS: dict[str, type] = {"transformers": TransformersOptions, "sglang": SGLangOptions}
 
 
 @dataclass(frozen=True)
@@ -45,61 +85,8 @@ class BackendOption:
     help: str
 
 
-def _arg_help(doc: str) -> dict[str, str]:
-    """``{argument: its first sentence}`` from a Google-style ``Args:`` section."""
-    out: dict[str, str] = {}
-    lines = inspect.cleandoc(doc or "").splitlines()
-    try:
-        start = lines.index("Args:") + 1
-    except ValueError:
-        return out
-    current: list[str] = []
-    for line in lines[start:]:
-        if line and not line.startswith(" "):
-            break  # the next section
-        m = re.match(r"^ {4}([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): (.*)$", line)
-        if m:
-            current = m.group(1).split(", ")
-            for name in current:
-                out[name] = m.group(2).strip()
-        elif current and line.strip():
-            for name in current:
-                out[name] += " " + line.strip()
-    return {k: re.sub(r"``", "", v) for k, v in out.items()}
-
-
-def _value(node: ast.expr, names: dict[str, ast.expr]) -> Any:
-    """The value of a default: a literal, a module constant, or arithmetic on them."""
-    if isinstance(node, ast.Name) and node.id in names:
-        return _value(names[node.id], names)
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_value(node.left, names), _value(node.right, names))
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_value(node.operand, names))
-    return ast.literal_eval(node)
-
-
-@functools.lru_cache(maxsize=None)
-def _options_of(module: str, cls: str) -> tuple[BackendOption, ...]:
-    """The keyword options of class ``cls``'s ``__init__`` in ``module``'s source, with their help."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise ConfigError(f"cannot find the source of {module}: is hs_dataset installed completely?")
-    with open(spec.origin, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), spec.origin)
-    names = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
-             for t in node.targets if isinstance(t, ast.Name)}
-    names.update({node.target.id: node.value for node in tree.body if isinstance(node, ast.AnnAssign)
-                  and isinstance(node.target, ast.Name) and node.value is not None})
-    klass = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    init = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
-    helps = _arg_help(ast.get_docstring(klass) or "")
-    a = init.args
-    positional = a.posonlyargs + a.args
-    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
-    params = list(zip(positional, defaults)) + list(zip(a.kwonlyargs, a.kw_defaults))
-    return tuple(BackendOption(p.arg, None if d is None else _value(d, names), helps.get(p.arg, ""))
-                 for p, d in params if p.arg != "self" and p.arg not in FROM_BUILD)
+def _options(cls: type, prefix: str = "") -> list[BackendOption]:
+    return [BackendOption(f.name, f.default, prefix + f.metadata["help"]) for f in dataclasses.fields(cls)]
 
 
 def backend_options(name: str) -> list[BackendOption]:
@@ -108,10 +95,10 @@ def backend_options(name: str) -> list[BackendOption]:
     Raises:
         ConfigError: an unknown backend name.
     """
-    own = list(_options_of(*class_path(name)))
+    class_path(name)  # an unknown name: one line naming the closest
+    own = _options(OPTIONS[name])
     names = {o.name for o in own}
-    iso = [dataclasses.replace(o, help=f"with isolate: {o.help}") for o in _options_of(*ISOLATION_CLASS)
-           if o.name in ISOLATE_OPTIONS and o.name not in names]
+    iso = [o for o in _options(IsolateOptions, "with isolate: ") if o.name not in names]
     return own + [BackendOption("isolate", False, ISOLATE_HELP)] + iso
 
 

@@ -8,15 +8,14 @@ from hs_dataset.config import did_you_mean
 from hs_dataset.errors import ConfigError
 from hs_dataset.layout import BACKENDS
 
-__all__ = ["BACKEND_CLASSES", "ISOLATION_CLASS", "backend_class", "class_path"]
+__all__ = ["BACKEND_CLASSES", "backend_class", "class_path"]
 
 # Each backend's class, as (module, class name): imported only to start it (both import torch; SGLang is
-# optional), read as source by :mod:`hs_dataset.capture.options` for its options.
+# optional). Their options are declared in hs_dataset.capture.options.
 BACKEND_CLASSES = {
     "transformers": ("hs_dataset.capture.transformers", "TransformersBackend"),
     "sglang": ("hs_dataset.capture.sglang.backend", "SGLangBackend"),
 }
-ISOLATION_CLASS = ("hs_dataset.capture.isolated", "ProcessBackend")  # any backend in a child process
 
 
 def class_path(name: str) -> tuple[str, str]:

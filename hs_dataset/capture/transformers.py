@@ -64,13 +64,8 @@ class TransformersBackend:
         model: local model directory (or its :class:`~hs_dataset.model_info.ModelInfo`, as a build resolved it).
         layers: layer ids (see :mod:`hs_dataset.model_info` for the convention).
         revision: recorded in the dataset metadata (the directory is used as it is).
-        device: ``"cpu"``, ``"cuda"``, ... (default: cuda when available).
-        batch_tokens: padded tokens per forward pass.
-        max_batch: most samples per forward pass.
-        prefill_chunk: a sample longer than this runs alone, this many positions per forward pass over
-            a KV cache (as an engine's chunked prefill), so that attention's memory stays bounded at long
-            context (default: every sample in one pass).
-        trust_remote_code: allow the model directory's own modeling code (``auto_map``).
+        device, batch_tokens, max_batch, prefill_chunk, trust_remote_code: the backend's options
+            (:class:`~hs_dataset.capture.options.TransformersOptions`, which says what each does).
     """
 
     name = "transformers"

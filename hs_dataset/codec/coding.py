@@ -3,16 +3,12 @@ with byte planes + zstd.
 
 ``compression=zstd`` (:func:`compress_arrow`): the shard stays an Arrow IPC stream, its buffers
 compressed with zstd (level :data:`ZSTD_LEVEL`) by Arrow itself, which every Arrow reader (``datasets``,
-``load_dataset``, ``streaming=True``) decompresses. Measured on the 2-core VM over Kimi-width states
-(``benchmarks/storage.py``'s, 1,024 tokens x 4 states): bf16 to 0.779 of its size at 238 MB/s per core
-(read back at 617 MB/s), fp8 to 0.831 at 728 MB/s (read 870 MB/s).
+``load_dataset``, ``streaming=True``) decompresses.
 
-``file_format=parquet`` (:func:`arrow_to_parquet`), the same states: bf16 to 0.684, fp8 to 0.831 (an fp8
-code is one byte: no planes to split), but at 57 and 43 MB/s per core, read back at 22 and 74 MB/s:
-``datasets`` stores a ``[T, H]`` state as a list of lists, and Parquet encodes a repetition and a
-definition level for every one of its values, so a build coded this way runs far below the engine
-(``benchmarks/compact.py``). Parquet is for tools that want Parquet; zstd Arrow is the
-compact format that keeps up.
+``file_format=parquet`` (:func:`arrow_to_parquet`) codes bf16 smaller than zstd Arrow but several times slower,
+written and read: ``datasets`` stores a ``[T, H]`` state as a list of lists, and Parquet encodes a repetition
+and a definition level for every one of its values. Parquet is for tools that want Parquet; zstd Arrow is the
+compact format that keeps up (sizes and rates: ``benchmarks/storage.py``, ``benchmarks/compact.py``).
 
 Parquet's byte planes:
 

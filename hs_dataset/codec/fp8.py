@@ -47,12 +47,11 @@ def fp8_dequantize(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# With at most this many PyTorch threads a CPU decode looks the codes up in a table (_by_table); with more, it casts
-# (_by_cast): on few threads the table is the faster, on many the cast, most of all beside a busy process
-# (benchmarks/fp8_decode.py --busy N). Each parallel PyTorch call waits for all of its threads: where another process
-# (an engine's polling scheduler, a trainer) keeps a core busy, a thread of each call is not running, and the table's
-# 12 calls a state (blocks of _CPU_BLOCK values) wait 4x as often as the cast's 3 (2 here: the product is written
-# into the bf16 output). A DataLoader worker decodes with one thread.
+# With at most this many PyTorch threads a CPU decode looks the codes up in a table (_by_table), faster on few cores;
+# with more, it casts (_by_cast): each parallel PyTorch call waits for all of its threads, and beside a process that
+# keeps a core busy (an engine's scheduler, a trainer) the table's many calls a state wait more often than the cast's
+# two (benchmarks/fp8_decode.py, its results in benchmarks/results/*fp8-decode*). A DataLoader worker decodes with
+# one thread.
 TABLE_MAX_THREADS = 4
 _CPU_BLOCK = 1 << 22  # values the table decodes at a time: an int32 and a float32 scratch block, 32 MiB a thread
 _scratch = threading.local()  # each decoding thread's scratch, kept: fresh blocks would cost their page faults again

@@ -45,6 +45,7 @@ from typing import Any, Iterable
 from huggingface_hub import CommitOperationAdd, CommitOperationCopy, CommitOperationDelete, HfApi, get_token
 from huggingface_hub.errors import RevisionNotFoundError
 from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import chunk_iterable
 
 from hs_dataset.write.card import render_card
 from hs_dataset.errors import ConfigError, PublishError, SecretLeakError, VersionExistsError
@@ -91,10 +92,6 @@ def _scrub(text: str, token: str | None) -> str:
     if token:
         text = text.replace(token, "***")
     return redact_command(text)[0]
-
-
-def _chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 # ------------------------------------------------------------------------------------ publishing
@@ -250,7 +247,7 @@ def _upload(api: HfApi, repo_id: str, version: str, local: dict[str, LocalFile],
     to_upload = [f for rel, f in local.items() if not f.same_as(remote.get(rel))]
     result.skipped = [rel for rel, f in local.items() if f.same_as(remote.get(rel))]
     to_upload.sort(key=lambda f: (not f.rel.startswith("data/"), f.rel))  # data shards first, metadata last
-    batches = _chunks(to_upload, commit_files)
+    batches = [list(b) for b in chunk_iterable(to_upload, commit_files)]
     for i, batch in enumerate(batches, 1):
         operations: list[CommitOperationAdd | CommitOperationDelete] = []
         for f in batch:
@@ -289,7 +286,7 @@ def _card_commit(api: HfApi, repo_id: str, version: str, card: str, local: dict[
     stale = sorted(p for p in remote if p not in local and p != README_FILE and p not in KEEP_REMOTE)
     result.deleted = stale
     cut = max(0, len(stale) - (commit_files - 1))
-    for i, batch in enumerate(_chunks(stale[:cut], commit_files), 1):
+    for i, batch in enumerate(chunk_iterable(stale[:cut], commit_files), 1):
         deletions: list[CommitOperationAdd | CommitOperationDelete] = [CommitOperationDelete(p) for p in batch]
         info = api.create_commit(
             repo_id, deletions, repo_type=REPO_TYPE, revision=result.work_branch, parent_commit=head,

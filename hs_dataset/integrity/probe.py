@@ -211,7 +211,7 @@ def run_probe(meta: dict[str, Any], where: str, n: int, shard_path: Callable[[di
     th = THRESHOLDS[dtype]
     columns = list(meta.get("columns") or state_columns(meta["layers"]))  # store_final=false: no hidden_final
     rows = read_rows(meta, pick_rows(int(meta["counts"]["written"]), n, seed), shard_path)
-    resolved = resolve_build(probe_config(meta, model, source))
+    resolved = resolve_build(probe_config(meta, model, source), with_source=False)  # the source may not be here
     expected, checked = expected_tokens(resolved.config, resolved.tokenizer, resolved.vocab_size, rows)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     report = ProbeReport(where, seed, dtype, th, device, model, checked)

@@ -2,11 +2,10 @@
 
 A build counts states on worker threads beside busy Python threads (its own, the ring reader), so
 what costs is not the arithmetic but each return from a call that released the GIL: the thread waits
-up to the switch interval to get it back. The numpy kernels before these worked in chunks of cache
-size, ~110 such calls per Kimi-width state, and 8 counting threads beside one busy thread moved about one
-thread's worth (``benchmarks/stats_overhead.py --threads``). These kernels are torch's, a handful of calls
-per :data:`STEP_VALUES` values (a whole 2,048-token Kimi-width state), each one parallel inside torch: a state is decoded
-into a reused float32 buffer (bf16 bits by a copy; fp8 e4m3 codes sign-extended to 32 bits, shifted left by 20 and
+up to the switch interval to get it back (``benchmarks/stats_overhead.py --threads``). So the kernels
+are torch's, a handful of calls per :data:`STEP_VALUES` values (a whole
+2,048-token Kimi-width state), each one parallel inside torch: a state is decoded into a reused
+float32 buffer (bf16 bits by a copy; fp8 e4m3 codes sign-extended to 32 bits, shifted left by 20 and
 masked, which is a float32 with the code's sign, exponent and mantissa fields, the fp8 value times
 2^-120 for normal and subnormal codes alike, then multiplied by 2^120), summed and its norm taken in
 rows of at most 8,192 values, its extremes found. Every row is reduced by one thread (torch splits a

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from hs_dataset.atomic import atomic_write
+from hs_dataset.atomic import atomic_write, tmp_path
 from hs_dataset.errors import InteropError
 from hs_dataset.layer_ids import drafter_layer_ids
 from hs_dataset.layout import META_FILE, layer_column
@@ -168,7 +168,7 @@ class ExportFrame:
 
     def save(self, obj: Any, path: Path, writer: Callable[[Any, str], None]) -> None:
         """Write ``obj`` with ``writer(obj, tmp)`` then rename into ``path`` (no half-written file)."""
-        tmp = path.with_name(f".{path.name}.tmp")
+        tmp = tmp_path(path)
         writer(obj, str(tmp))
         os.replace(tmp, path)
         self.wrote(path)

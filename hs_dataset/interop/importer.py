@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from hs_dataset.atomic import atomic_write
 from hs_dataset.write.driver import build
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import InteropError, SampleError
@@ -264,9 +265,7 @@ def run_import(src: ForeignSource, out: str | os.PathLike, *, model: str, source
     index = state / f"{name}.jsonl"
     text = "".join(json.dumps(line) + "\n" for line in lines)
     if not index.exists() or index.read_text() != text:
-        tmp = index.with_name(f".{index.name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, index)
+        atomic_write(index, text)
     # NaN/Inf in one file is that sample's reject, as every other bad file (SpecForge's writer skips them too)
     config = HiddenStatesConfig(model=str(model), layers=use, source=str(index), max_length=max_len,
                                 truncation="reject", on_nonfinite="reject", backend=name, storage_dtype=storage_dtype,

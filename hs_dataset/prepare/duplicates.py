@@ -30,6 +30,7 @@ from hs_dataset.atomic import atomic_write
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.layout import DUPLICATE_STAGE, DUPLICATES_FILE
 from hs_dataset.prepare.samples import tokenized_samples
+from hs_dataset.prepare.source_spec import Source
 from hs_dataset.records import Reject, TokenizedSample
 
 if TYPE_CHECKING:
@@ -105,16 +106,16 @@ def duplicate_reject(sample_id: str, first_id: str) -> Reject:
                   DUPLICATE_STAGE)
 
 
-def find_duplicates(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
+def find_duplicates(source: Source, config: HiddenStatesConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
                     ranges: list[tuple[int, int | None]]) -> DuplicateIndex:
     """Tokenize the source rows of ``ranges`` as the build will and index their token keys (no model)."""
     index = DuplicateIndex()
-    for row, sample in tokenized_samples(config, tokenizer, vocab_size, ranges, lambda _i, _r: None):
+    for row, sample in tokenized_samples(source, config, tokenizer, vocab_size, ranges, lambda _i, _r: None):
         index.add(row, sample.sample_id, token_digests(sample.input_ids, sample.loss_mask), sample.num_tokens)
     return index
 
 
-def load_skipped(state: Path, config: HiddenStatesConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
+def load_skipped(state: Path, source: Source, config: HiddenStatesConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
                  rows: int) -> dict[int, str]:
     """``{row: original's id}`` of the exact duplicates among the first ``rows`` source rows, which
     ``duplicates=skip`` leaves out: read from ``state/duplicates.json``, or found (:func:`find_duplicates`)
@@ -126,7 +127,7 @@ def load_skipped(state: Path, config: HiddenStatesConfig, tokenizer: PreTrainedT
             return {int(k): str(v) for k, v in kept["skip"].items()}
     except (OSError, ValueError, KeyError, AttributeError):
         pass
-    index = find_duplicates(config, tokenizer, vocab_size, [(0, rows)])
+    index = find_duplicates(source, config, tokenizer, vocab_size, [(0, rows)])
     skip = {d.row: d.first_id for d in index.found if d.same_mask}
     atomic_write(path, json.dumps({"rows": rows, "skip": {str(k): v for k, v in sorted(skip.items())}}))
     return skip

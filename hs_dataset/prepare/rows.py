@@ -13,7 +13,6 @@ from hs_dataset.errors import SampleError
 from hs_dataset.layout import MaskMode, TruncationMode
 from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.loss_mask import tokenize_sample
-from hs_dataset.prepare.source_spec import source_name
 from hs_dataset.prepare.tags import set_tags, source_tags, user_columns
 from hs_dataset.records import Reject, SourceRow, TokenizedSample
 
@@ -37,9 +36,10 @@ class TokenizeRules:
     tag_columns: tuple[str, ...] = field(default=())
 
     @classmethod
-    def of(cls, config: HiddenStatesConfig, vocab_size: int) -> "TokenizeRules":
+    def of(cls, config: HiddenStatesConfig, vocab_size: int, source_name: str) -> "TokenizeRules":
+        """The rules of a build of ``config`` from the source named ``source_name`` (its sample ids' prefix)."""
         return cls(config.max_length, config.mask, config.truncation, int(vocab_size), config.tags,
-                   source_name(config.source) if config.tags else "", tuple(user_columns(config.tag_columns)))
+                   source_name if config.tags else "", tuple(user_columns(config.tag_columns)))
 
 
 def prepare_row(row: SourceRow, tokenizer: PreTrainedTokenizerBase, rules: TokenizeRules) -> TokenizedSample | Reject:

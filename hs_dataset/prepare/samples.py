@@ -18,8 +18,8 @@ from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.loss_mask import tokenize_sample
 from hs_dataset.prepare.regenerate import Generator, messages_json, regenerate_conversations
 from hs_dataset.prepare.rows import TokenizeRules, prepare_row
-from hs_dataset.prepare.source_spec import source_name
-from hs_dataset.prepare.sources import iter_source
+from hs_dataset.prepare.source_spec import Source
+from hs_dataset.prepare.sources import read_rows
 from hs_dataset.prepare.tags import set_tags, source_tags, tag_dtypes, user_columns
 from hs_dataset.prepare.thinking import sample_mode, tokenize_in_mode
 from hs_dataset.prepare.workers import TokenizeWorkers
@@ -31,14 +31,16 @@ if TYPE_CHECKING:
 __all__ = ["tokenized_samples"]
 
 
-def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
+def tokenized_samples(source: Source, config: HiddenStatesConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
                       ranges: list[tuple[int, int | None]], on_reject: Callable[[int, Reject], None], *,
                       generator: object | None = None,
                       workers: TokenizeWorkers | None = None) -> Iterator[tuple[int, TokenizedSample]]:
     """Read, parse, (regenerate,) then tokenize and mask the source rows of ``ranges``: ``(row index, sample)``.
 
     Args:
-        config: the build's configuration (source, sample ids, max_length, mask, truncation, responses).
+        source: the build's source, resolved once (:func:`~hs_dataset.prepare.source_spec.resolve_source`); its
+            rows of all ``ranges`` are read in one pass (:func:`~hs_dataset.prepare.sources.read_rows`).
+        config: the build's configuration (sample ids, max_length, mask, truncation, responses).
         tokenizer: the target's tokenizer, loaded once (:func:`hs_dataset.prepare.tokenizer.load_tokenizer`).
         vocab_size: token ids at or above it are rejects (the smaller of the tokenizer's and the model's
             embedding rows).
@@ -57,9 +59,8 @@ def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizer
     cfg = config
     vocab = vocab_size
     if cfg.responses == "source":
-        rules = TokenizeRules.of(cfg, vocab)
-        rows = (row for start, stop in ranges
-                for row in iter_source(cfg.source, start=start or 0, stop=stop, sample_id=cfg.sample_id))
+        rules = TokenizeRules.of(cfg, vocab, source.name)
+        rows = read_rows(source, ranges, sample_id=cfg.sample_id)
         results = workers.prepare(rows, rules) if workers is not None else (
             (row.index, prepare_row(row, tokenizer, rules)) for row in rows)
         for index, result in results:
@@ -71,7 +72,7 @@ def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizer
 
     gen = GenerationOptions.from_config(cfg.generation)
     tagged = bool(tag_dtypes(cfg.to_dict()))
-    name, columns = (source_name(cfg.source), user_columns(cfg.tag_columns)) if cfg.tags else ("", [])
+    name, columns = (source.name, user_columns(cfg.tag_columns)) if cfg.tags else ("", [])
     row_tags: dict[int, dict] = {}
 
     def tokenized(index: int, sample_id: str, parsed: Conversation | TokenizedSample, stage: str):
@@ -91,9 +92,9 @@ def tokenized_samples(config: HiddenStatesConfig, tokenizer: PreTrainedTokenizer
             set_tags(sample, row_tags.pop(index, {}), mode)
         return sample
 
-    for start, stop in ranges:
+    for start, stop in ranges:  # one range at a time: its conversations are regenerated together
         parsed_rows: list[tuple[int, str, Conversation]] = []
-        for row in iter_source(cfg.source, start=start or 0, stop=stop, sample_id=cfg.sample_id):
+        for row in read_rows(source, [(start, stop)], sample_id=cfg.sample_id):
             if cfg.tags:
                 row_tags[row.index] = source_tags(row, name, None, columns)
             try:

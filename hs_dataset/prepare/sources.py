@@ -1,6 +1,6 @@
 """Source stage, reading: raw rows from files or ``datasets`` datasets, never failing on one bad row.
 
-:func:`iter_source` yields one :class:`~hs_dataset.records.SourceRow` per input row, without any
+:func:`read_rows` yields one :class:`~hs_dataset.records.SourceRow` per input row, without any
 validation. A JSONL line that is not valid UTF-8 or not valid JSON still yields a row whose
 ``data`` is a :class:`BadRow`, so that samples in = written + rejected holds. Validation is the
 next step, :func:`hs_dataset.prepare.conversations.parse_row`.
@@ -27,18 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hs_dataset.errors import ConfigError
-from hs_dataset.prepare.source_spec import (SourceSpec, dataset_name, load_json_rows, load_source_dataset, open_parquet,
-                                            parquet_error, resolve_source)
+from hs_dataset.prepare.source_spec import LINES_PER_OFFSET, Source, resolve_source
 from hs_dataset.records import SourceRow
 
-__all__ = ["BadRow", "iter_source"]
+__all__ = ["BadRow", "iter_source", "read_rows"]
 
 _HASH_CHARS = 16
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -50,30 +46,6 @@ class BadRow:
 
     reason: str
     field: str = "row"
-
-
-# --------------------------------------------------------------------------------------------
-# Source resolution
-# --------------------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# --------------------------------------------------------------------------------------------
-# Reading
-# --------------------------------------------------------------------------------------------
 
 
 def _json_default(obj: Any) -> Any:
@@ -129,107 +101,91 @@ def _decode_jsonl_line(line: bytes, lineno: int) -> Any:
         return BadRow(f"line {lineno} is not valid JSON ({detail}{where}); fix or remove the line")
 
 
-def _iter_jsonl(spec: SourceSpec, start: int, stop: int | None, sample_id: str) -> Iterator[SourceRow]:
-    with open(spec.path, "rb") as f:
-        for index, line in enumerate(f):
-            if stop is not None and index >= stop:
-                return
-            if index < start:
-                continue
-            data = _decode_jsonl_line(line, index + 1)
-            raw = line.rstrip(b"\r\n") if isinstance(data, BadRow) else None
-            yield _make_row(spec.name, index, data, sample_id, raw)
+def read_rows(source: Source, ranges: list[tuple[int, int | None]], *, sample_id: str = "row") -> Iterator[SourceRow]:
+    """Yield the rows of ``source`` in each ``[start, stop)`` of ``ranges`` (``stop`` None: to the end), unvalidated,
+    one per row, in one pass: the file is opened once, and each range starts from a seek where the format can
+    (Parquet: its row groups; JSONL: the line offsets its first read recorded), never from the first row.
 
-
-
-
-def _iter_parquet(spec: SourceSpec, start: int, stop: int | None, sample_id: str) -> Iterator[SourceRow]:
-    return _parquet_rows(spec, open_parquet(spec.path), start, stop, sample_id)  # a damaged footer fails here
-
-
-def _parquet_rows(spec: SourceSpec, pf: pq.ParquetFile, start: int, stop: int | None,
-                  sample_id: str) -> Iterator[SourceRow]:
-    offset = 0
-    for rg in range(pf.num_row_groups):
-        n = pf.metadata.row_group(rg).num_rows
-        rg_start, rg_stop = offset, offset + n
-        offset = rg_stop
-        if rg_stop <= start:
-            continue
-        if stop is not None and rg_start >= stop:
-            return
-        try:
-            table = pf.read_row_group(rg)
-        except (pa.ArrowException, OSError) as e:  # a damaged page: ArrowInvalid, OSError (thrift, levels)
-            raise parquet_error(spec.path, f"its row group {rg} (rows {rg_start}-{rg_stop - 1}) cannot be read", e) from e
-        for batch in table.to_batches(max_chunksize=1024):
-            for row in batch.to_pylist():
-                index = rg_start
-                rg_start += 1
-                if index < start:
-                    continue
-                if stop is not None and index >= stop:
-                    return
-                yield _make_row(spec.name, index, row, sample_id)
-
-
-def _iter_dataset(spec: SourceSpec, start: int, stop: int | None, sample_id: str) -> Iterator[SourceRow]:
-    ds, split = load_source_dataset(spec)
-    n = len(ds)
-    end = n if stop is None else min(stop, n)
-    if start >= end:
-        return
-    name = dataset_name(spec, split)
-    ds = ds.with_format(None)
-    batch_size = 256
-    for b0 in range(start, end, batch_size):
-        b1 = min(b0 + batch_size, end)
-        batch = ds[b0:b1]
-        columns = list(batch.keys())
-        for k in range(b1 - b0):
-            row = {c: batch[c][k] for c in columns}
-            yield _make_row(name, b0 + k, row, sample_id)
-
-
-def iter_source(
-    source: str | os.PathLike[str],
-    *,
-    start: int = 0,
-    stop: int | None = None,
-    sample_id: str = "row",
-) -> Iterator[SourceRow]:
-    """Yield the rows with index in ``[start, stop)`` of ``source``, unvalidated, one per row.
-
-    ``sample_id="row"`` gives ids ``"<source name>:<row index>"``; ``"hash"`` gives the first 16
-    hex digits of the sha256 of the row's canonical JSON (identical rows share an id). A JSONL
-    line that cannot be decoded yields a row whose ``data`` is a :class:`BadRow`.
+    ``sample_id="row"`` gives ids ``"<source name>:<row index>"``; ``"hash"`` gives the first 16 hex digits of
+    the sha256 of the row's canonical JSON (identical rows share an id). A JSONL line that cannot be decoded
+    yields a row whose ``data`` is a :class:`BadRow`.
 
     Raises:
-        ConfigError: a bad ``sample_id``/range, a missing or unsupported source; a damaged Parquet
-            file (its footer: at the call; a row group: when the rows reach it), as one line naming it.
+        ConfigError: a bad ``sample_id`` or range; a damaged Parquet file (its footer: at the call; a row group:
+            when the rows reach it), as one line naming it.
     """
     if sample_id not in ("row", "hash"):
         raise ConfigError(f"sample_id must be 'row' or 'hash', got {sample_id!r}")
-    if start < 0 or (stop is not None and stop < 0):
-        raise ConfigError(f"start/stop must be >= 0, got start={start}, stop={stop}")
-    spec = resolve_source(source)  # a missing or unsupported source fails here, not at the first next()
-    if spec.kind == "jsonl":
-        return _iter_jsonl(spec, start, stop, sample_id)
-    if spec.kind == "json":
-        return _iter_json(spec, start, stop, sample_id)
-    if spec.kind == "parquet":
-        return _iter_parquet(spec, start, stop, sample_id)
-    return _iter_dataset(spec, start, stop, sample_id)
+    for start, stop in ranges:
+        if start < 0 or (stop is not None and stop < 0):
+            raise ConfigError(f"start/stop must be >= 0, got start={start}, stop={stop}")
+    if source.kind == "parquet":
+        source.parquet  # a damaged footer fails here, not at the first row
+        return _parquet_rows(source, ranges, sample_id)
+    return {"jsonl": _jsonl_rows, "json": _json_rows}.get(source.kind, _dataset_rows)(source, ranges, sample_id)
 
 
-def _iter_json(spec: SourceSpec, start: int, stop: int | None, sample_id: str) -> Iterator[SourceRow]:
-    rows = load_json_rows(spec.path)
-    end = len(rows) if stop is None else min(stop, len(rows))
-    for index in range(start, end):
-        yield _make_row(spec.name, index, rows[index], sample_id)
+def iter_source(source: Source | str | os.PathLike[str], *, start: int = 0, stop: int | None = None,
+                sample_id: str = "row") -> Iterator[SourceRow]:
+    """The rows with index in ``[start, stop)`` of ``source`` (:func:`read_rows` of one range).
+
+    Raises:
+        ConfigError: as :func:`read_rows`; a missing or unsupported source (at the call, not at the first row).
+    """
+    resolved = source if isinstance(source, Source) else resolve_source(source)
+    return read_rows(resolved, [(start, stop)], sample_id=sample_id)
 
 
+def _jsonl_rows(source: Source, ranges: list[tuple[int, int | None]], sample_id: str) -> Iterator[SourceRow]:
+    name = source.name
+    with open(source.path, "rb") as f:
+        at = 0  # the index of the line f is at
+        for start, stop in ranges:
+            if start < at or start - at > LINES_PER_OFFSET:
+                offset, at = source.line_offset(start)
+                f.seek(offset)
+            while at < start and f.readline():
+                at += 1
+            while stop is None or at < stop:
+                line = f.readline()
+                if not line:
+                    break
+                data = _decode_jsonl_line(line, at + 1)
+                raw = line.rstrip(b"\r\n") if isinstance(data, BadRow) else None
+                yield _make_row(name, at, data, sample_id, raw)
+                at += 1
 
 
+def _parquet_rows(source: Source, ranges: list[tuple[int, int | None]], sample_id: str) -> Iterator[SourceRow]:
+    bounds, name = source.row_groups, source.name
+    for start, stop in ranges:
+        end = int(bounds[-1]) if stop is None else min(stop, int(bounds[-1]))
+        for rg in range(max(int(np.searchsorted(bounds, start, side="right")) - 1, 0), len(bounds) - 1):
+            first = int(bounds[rg])
+            if first >= end:
+                break
+            lo, hi = max(start, first), min(end, int(bounds[rg + 1]))
+            index = lo
+            for batch in source.row_group(rg).slice(lo - first, hi - lo).to_batches(max_chunksize=1024):
+                for row in batch.to_pylist():
+                    yield _make_row(name, index, row, sample_id)
+                    index += 1
 
 
+def _json_rows(source: Source, ranges: list[tuple[int, int | None]], sample_id: str) -> Iterator[SourceRow]:
+    rows, name = source.json_rows, source.name
+    for start, stop in ranges:
+        for index in range(start, len(rows) if stop is None else min(stop, len(rows))):
+            yield _make_row(name, index, rows[index], sample_id)
+
+
+def _dataset_rows(source: Source, ranges: list[tuple[int, int | None]], sample_id: str) -> Iterator[SourceRow]:
+    ds = source.dataset[0].with_format(None)
+    name = source.name
+    for start, stop in ranges:
+        end = len(ds) if stop is None else min(stop, len(ds))
+        for b0 in range(start, end, 256):
+            batch = ds[b0:min(b0 + 256, end)]
+            columns = list(batch.keys())
+            for k in range(min(b0 + 256, end) - b0):
+                yield _make_row(name, b0 + k, {c: batch[c][k] for c in columns}, sample_id)

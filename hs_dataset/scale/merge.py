@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
+from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file, tmp_path
 from hs_dataset.write.finalize import finalize
 from hs_dataset.write.output import check_output, lock_output
 from hs_dataset.write.resolve import resolve_build
@@ -38,12 +38,13 @@ from hs_dataset.model_fingerprint import same_probe
 from hs_dataset.write.resume import check_resume, invalidate_finished, note_moving, part_ranges, part_record, recover
 from hs_dataset.write.shares import WorkerShare, read_share, share_dir, share_parts
 from hs_dataset.config import HiddenStatesConfig
-from hs_dataset.errors import ShareError
+from hs_dataset.errors import HsDatasetError, ShareError
 from hs_dataset.redact import redact_command, redact_text
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.integrity.verify import check_files, damage_of
 from hs_dataset.layout import DATA_DIR, REDACTED_FILE, SHARE_FILE, SHARES_DIR, STATE_DIR
 from hs_dataset.model_info import ModelInfo
+from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.records import Counts
 from hs_dataset.scale.launchers import single_worker_command
 
@@ -73,6 +74,20 @@ class MergeSummary:
                     "system than the output; hard links need one)")
         return (f"merged {self.shares} shares ({self.parts} parts) into {self.output_dir}: {c.written} samples written, "
                 f"{c.rejected} rejected (of {c.samples_in}), {c.tokens_written} tokens; {how}, in {self.seconds:.1f}s")
+
+
+def _check_source_outside(text: str | None, out: Path) -> None:
+    """Refuse the shares' source inside ``out`` (where it is here; a merge may run without it).
+
+    Raises:
+        ForeignFilesError: it is.
+    """
+    try:
+        source = resolve_source(text) if text else None
+    except HsDatasetError:
+        return
+    if source is not None:
+        source.check_outside(out)
 
 
 def found_shares(out: str | os.PathLike) -> list[Path]:
@@ -119,7 +134,8 @@ def merge_shares(out: str | os.PathLike, share_dirs: Sequence[str | os.PathLike]
         first = _check_set(out, shares)
         records = _check_files(shares, full)
         state = out / STATE_DIR
-        check_output(out, first["config"].get("source"))  # an output that is not ours is refused untouched
+        check_output(out)  # an output that is not ours is refused untouched, and a source inside it
+        _check_source_outside(first["config"].get("source"), out)
         (state / "parts").mkdir(parents=True, exist_ok=True)
         (out / DATA_DIR).mkdir(exist_ok=True)
         lock = lock_output(out, state)
@@ -216,7 +232,7 @@ def _place(src: Path, dst: Path) -> int:
     """Hard-link ``src`` as ``dst`` (-1: it already is; 0: linked), or copy it across file systems (-> its bytes)."""
     if dst.exists() and os.path.samefile(src, dst):
         return -1
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    tmp = tmp_path(dst)
     tmp.unlink(missing_ok=True)
     copied = 0
     try:

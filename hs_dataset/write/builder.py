@@ -1,9 +1,11 @@
 """The ``datasets`` builder: one part's source rows -> prepare -> capture -> encode -> Arrow rows.
 
-``HiddenStatesBuilder`` is a real :class:`datasets.ArrowBasedBuilder`. Since datasets 4.0
-removed loading scripts, it is not loaded by name: ``hs-dataset build`` (:mod:`hs_dataset.write.driver`)
-runs ``download_and_prepare`` once per *part* (a fixed range of source rows, the unit of resume) and
-publishes plain Arrow shards that load with ``load_dataset(dir)``. It can also be used directly::
+``HiddenStatesBuilder`` is a real :class:`datasets.ArrowBasedBuilder`: its ``_generate_tables`` drives the
+capture. Since datasets 4.0 removed loading scripts, it is not loaded by name: ``hs-dataset build``
+(:mod:`hs_dataset.write.driver`) writes its tables once per *part* (a fixed range of source rows, the unit of
+resume) with ``datasets``' own ``ArrowWriter``, each shard through a file written by a thread of its own
+(:mod:`hs_dataset.write.parts`), and publishes plain Arrow shards that load with ``load_dataset(dir)``. It can
+also be used directly::
 
     builder = HiddenStatesBuilder(config=HiddenStatesConfig(model=..., source=..., layers=(1, 2)))
     builder.download_and_prepare("out_dir", file_format="arrow")
@@ -12,7 +14,7 @@ publishes plain Arrow shards that load with ``load_dataset(dir)``. It can also b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import datasets
 import pyarrow as pa
@@ -24,12 +26,11 @@ from hs_dataset.capture.backends import make_backend
 from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
 from hs_dataset.codec.encode import (bytes_per_token, encode_row, make_features, row_pieces, row_table,
                                      stored_state_columns)
-from hs_dataset.codec.limits import arrow_max_elements, max_row_tokens
+from hs_dataset.codec.limits import arrow_max_elements
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import ConfigError, NonFiniteError, SampleError
 from hs_dataset.integrity.stats import PartStatistics, StatsCollector
 from hs_dataset.layout import state_columns
-from hs_dataset.model_info import ModelInfo
 from hs_dataset.prepare.duplicates import skip_duplicates
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.prepare.workers import TokenizeWorkers
@@ -47,15 +48,15 @@ class HiddenStatesBuilderConfig(datasets.BuilderConfig):
     build: HiddenStatesConfig | None = None
 
 
-def writer_batch_rows(config: HiddenStatesConfig, info: ModelInfo) -> int:
+def writer_batch_rows(resolved: ResolvedBuild) -> int:
     """Rows per Arrow record batch, sized by bytes (``writer_batch_bytes`` for rows of the longest length:
     ``max_length``, or ``row_tokens`` when samples span rows): memory stays bounded and Array2D's 32-bit
     offsets never overflow (:mod:`hs_dataset.codec.limits`); at least 1, at most 1000."""
-    n_states = len(config.layers) + 1
-    tokens = min(config.max_length, config.row_tokens, max_row_tokens(info.hidden_size))
-    row_bytes = tokens * bytes_per_token(n_states, info.hidden_size, config.storage_dtype)
+    config, hidden = resolved.config, resolved.info.hidden_size
+    tokens = min(config.max_length, resolved.row_tokens)
+    row_bytes = tokens * bytes_per_token(resolved.n_states, hidden, config.storage_dtype)
     by_bytes = config.writer_batch_bytes // max(row_bytes, 1)
-    by_offsets = arrow_max_elements() // (tokens * info.hidden_size)
+    by_offsets = arrow_max_elements() // (tokens * hidden)
     return max(1, min(by_bytes, by_offsets, 1000))
 
 
@@ -105,11 +106,11 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         # shards are rewritten without them before it is committed (hs_dataset.write.drop_rows).
         self.dropped: set[str] = set()
         self.statistics: PartStatistics | None = None  # of the rows written, once generation ends
+        self.state_columns: tuple[str, ...] = ()  # the stored hidden-state columns, once generation starts
         super().__init__(*args, **kwargs)  # calls _info()
         # Rows of a long sample may be pieces of a windowed ring region, which the engine waits to write again:
         # each row goes to the file at once (datasets would otherwise keep single rows until a batch is full).
-        self._writer_batch_size = 1 if self.resolved.long_rows else writer_batch_rows(self.resolved.config,
-                                                                                        self.resolved.info)
+        self._writer_batch_size = 1 if self.resolved.long_rows else writer_batch_rows(self.resolved)
 
     @property
     def resolved(self) -> ResolvedBuild:
@@ -160,7 +161,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 self._reject(r)
 
             r = self.resolved
-            for _, sample in skip_duplicates(tokenized_samples(r.config, r.tokenizer, r.vocab_size, [(start, stop)],
+            assert r.source is not None, "resolved with its source (resolve_build)"
+            for _, sample in skip_duplicates(tokenized_samples(r.source, r.config, r.tokenizer, r.vocab_size, [(start, stop)],
                                                                reject, generator=backend, workers=self._workers),
                                              r.duplicate_rows, reject):
                 self.counts.samples_in += 1
@@ -170,7 +172,7 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
         yield from start_capture(backend, counted(), r.storage_dtype, row_tokens=r.row_tokens,
                                  max_tokens=r.config.max_length, teacher_k=r.teacher_k, final=r.config.store_final)
 
-    def _generate_tables(self, start: int, stop: int | None) -> Iterator[tuple[Key, Any]]:
+    def _generate_tables(self, start: int, stop: int | None) -> Generator[tuple[Key, Any], None, None]:
         cfg = self.resolved.config
         schema = self.info.features.arrow_schema
         own = self._backend is None and self._stream is None
@@ -178,8 +180,8 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                                                 options=cfg.backend_options, trust_remote_code=cfg.trust_remote_code)
         cols = state_columns(self.layers)
         R, long_rows, teacher = self.resolved.row_tokens, self.resolved.long_rows, bool(self.resolved.teacher_k)
-        stats = StatsCollector(stored_state_columns(self.layers, cfg.store_final), self.resolved.info.hidden_size,
-                               cfg.max_length)
+        self.state_columns = tuple(stored_state_columns(self.layers, cfg.store_final))
+        stats = StatsCollector(list(self.state_columns), self.resolved.info.hidden_size, cfg.max_length)
         i = 0
         partial: dict[str, int] = {}  # samples with rows written and more to come: their rows so far
         skipping: set[str] = set()  # samples rejected with more pieces to come
@@ -188,7 +190,6 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 if isinstance(item, Reject):
                     if item.sample_id in partial:
                         self._drop(item.sample_id, partial.pop(item.sample_id))
-                        yield Key(0, i), schema.empty_table()  # datasets lets go of the last row (ring memory)
                     skipping.discard(item.sample_id)
                     self._reject(item)
                     continue
@@ -209,9 +210,6 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                             "samples to rejects.jsonl instead: it resumes this build") from None
                     if sid in partial:
                         self._drop(sid, partial.pop(sid))
-                        # datasets keeps the last table it wrote until it gets the next one: that row is ring
-                        # memory of this windowed region, which the engine waits to write again
-                        yield Key(0, i), schema.empty_table()
                     if not item.last:
                         skipping.add(sid)
                     self._reject(Reject(sid, e.field, e.reason, "encode"))

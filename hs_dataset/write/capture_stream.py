@@ -34,8 +34,9 @@ class CaptureStream:
 
         def samples() -> Iterator[TokenizedSample]:
             r = resolved
+            assert r.source is not None, "resolved with its source (resolve_build)"
             early = self._early_rejects.__setitem__
-            for index, sample in skip_duplicates(tokenized_samples(r.config, r.tokenizer, r.vocab_size, list(ranges),
+            for index, sample in skip_duplicates(tokenized_samples(r.source, r.config, r.tokenizer, r.vocab_size, list(ranges),
                                                                    early, generator=backend, workers=workers),
                                                  r.duplicate_rows, early):
                 self._order.append(index)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from hs_dataset.atomic import tmp_path
 from hs_dataset.integrity.scan import iter_shard_rows
 from hs_dataset.integrity.stats import LENGTH_BINS, PartStatistics, StatsCollector
 
@@ -33,7 +34,7 @@ def drop_rows(path: str | os.PathLike, sample_ids: set[str]) -> int:
     in ``sample_ids``; returns how many rows it dropped (0: the file is left as it is)."""
     path = Path(path)
     ids = pa.array(sorted(sample_ids), pa.string())
-    tmp = path.with_name(f".{path.name}.drop")
+    tmp = tmp_path(path)
     dropped = 0
     if path.suffix == ".parquet":
         f = pq.ParquetFile(path)

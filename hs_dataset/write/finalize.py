@@ -31,8 +31,7 @@ from hs_dataset.integrity.summary import build_statistics
 from hs_dataset.layout import DATA_DIR, DUPLICATE_STAGE, META_FILE, README_FILE, REJECTS_FILE
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.model_info import LAYER_CONVENTION
-
-from hs_dataset.prepare.source_spec import resolve_source
+from hs_dataset.prepare.source_spec import Source
 from hs_dataset.records import Counts
 
 __all__ = ['FORMAT_VERSION', 'check_outputs', 'finalize', 'versions']
@@ -90,6 +89,11 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
             except ValueError:
                 pass
     nbytes = sum(f["bytes"] for f in files)
+    assert resolved.source is not None, "resolved with its source (resolve_build)"
+    sample_ids = _sample_ids(config, resolved.source)
+    statistics = _statistics(out, files, quality, config, info.hidden_size, counts)
+    backend_versions = versions(backend) if backend is not None else \
+        previous.get("backend", {}).get("versions") or {**versions(None), **record_versions}
     meta = {
         "format_version": FORMAT_VERSION,
         "model": info.to_dict(),
@@ -113,18 +117,17 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
         "mask": config.mask,
         "truncation": config.truncation,
         "source": config.source,
-        "sample_ids": _sample_ids(config),
+        "sample_ids": sample_ids,
         "counts": dataclasses.asdict(counts),
         "bytes": nbytes,
         "files": len(files),
         "backend": {"name": config.backend,
                     "options": config.backend_options,
-                    "versions": versions(backend) if backend is not None else
-                    previous.get("backend", {}).get("versions") or {**versions(None), **record_versions}},
+                    "versions": backend_versions},
         "build_command": build_command or previous.get("build_command"),
         "config": config.to_dict(),
         REJECTS_HASH_KEY: rejects_digest(rejects_text),
-        "statistics": _statistics(out, files, quality, config, info.hidden_size, counts),
+        "statistics": statistics,
         **({"probe": previous["probe"]} if previous.get("probe") and previous.get("shards") == files else {}),
         "shards": files,  # name, bytes, rows, xxh3_128, edges_xxh3_128 (hs_dataset.integrity.checksums)
     }
@@ -155,13 +158,12 @@ def _fingerprint(state: Path) -> dict[str, Any] | None:
     return {"weights": key.get("model_weights"), "probe": probe.get("digest") if isinstance(probe, dict) else None}
 
 
-def _sample_ids(config: HiddenStatesConfig) -> str:
+def _sample_ids(config: HiddenStatesConfig, source: Source) -> str:
     """How the build's sample ids were made (recorded: a reader can tell where a row came from)."""
     if config.sample_id == "hash":
         return "the first 16 hex digits of the sha256 of each source row"
-    spec = resolve_source(config.source)
-    why = " (the source's file name looks like it holds a credential, so it is not used)" if spec.name_redacted else ""
-    return f"{spec.name}:<row index>{why}"
+    why = " (the source's file name looks like it holds a credential, so it is not used)" if source.name_redacted else ""
+    return f"{source.name}:<row index>{why}"
 
 
 def check_outputs(out: Path, files: list[dict]) -> None:

@@ -1,40 +1,32 @@
 """Shard files written in the background, a thread each: the build hands a row to its file and goes on.
 
-``datasets``' writer hands its output file to ``pyarrow.RecordBatchStreamWriter``, which calls the file's
-``write`` with every buffer of a row; a row's states are passed as they are (a ``pyarrow.Buffer`` over the
-capture's own memory, the ring for SGLang: no copy). Through the file system of :mod:`hs_dataset.write.native_fs`
-a file opened for writing is a :class:`BackgroundFile`: ``write`` queues the buffer and returns, and the file's
-own thread writes the queue in order with ``os.write`` (which releases the GIL). So the build's thread does not
+``datasets``' ``ArrowWriter`` hands the stream it is given (a :class:`BackgroundFile`, by
+:mod:`hs_dataset.write.parts`) to ``pyarrow.RecordBatchStreamWriter``, which calls its ``write`` with every
+buffer of a row; a row's states are passed as they are (a ``pyarrow.Buffer`` over the capture's own memory, the
+ring for SGLang: no copy). ``write`` queues the buffer and returns, and the file's own thread writes the queue
+in order with ``os.write`` (which releases the GIL). So the build's thread does not
 wait for the disk while it has the next rows to prepare, and the shard of a part that is finished is still
 being written while the next part's shard starts: several files are written at once.
 
-Why files and not threads within a file: a buffered write holds the file's inode lock on tmpfs and ext4.
-On the H200's host, into /dev/shm, 8 threads writing 8 MiB pieces of one file (what this module did
-before) moved 2.68 GB/s at 2.12 CPU-s/GB, one thread 3.21 GB/s at 0.31 CPU-s/GB, and 2, 4 or 8 files
-written side by side 5.18, 12.67 or 19.60 GB/s (``benchmarks/file_writes.py``,
-``benchmarks/results/2026-12-03-h200-file-writes.json``).
+Why files and not threads within a file: a buffered write holds the file's inode lock on tmpfs and ext4, so
+threads writing pieces of one file wait for each other, while files written side by side do not
+(``benchmarks/file_writes.py``).
 
 What bounds it: a queued buffer keeps the row it belongs to alive (for a capture, its ring region, which
 the engine then waits for), and all files of the process together queue at most :data:`QUEUE_BYTES`
 (``write`` waits beyond that). A file is whole once :func:`drain` returns for its folder: the commit
 drains a part's staging folder before it moves its shards (:mod:`hs_dataset.write.parts`); a write that
 failed (a full disk) is raised there, or by the file's next ``write``, as an ``OSError`` naming the file.
-Each file's thread also hashes what it writes (xxh3-128, the shards' content hash, which releases the GIL:
-22 GB/s on one VM core), so the commit does not read a shard back to hash it: :func:`drain` returns the
-digests, :func:`written` finds a shard's (``datasets`` renames its shards after writing them).
+Each file's thread also hashes what it writes (xxh3-128, the shards' content hash, which releases the GIL),
+so the commit does not read a shard back to hash it: :func:`drain` returns the
+digests, :func:`written` finds a shard's (unless it was rewritten since).
 :func:`abandon` drops what a discarded part still had queued.
 
-A coded build (``compression=zstd``, ``file_format=parquet``: :mod:`hs_dataset.codec.coding`) opens its staging
-folder with :func:`~hs_dataset.write.native_fs.coding_options`: each shard's thread, once the shard is written,
-codes it from a mapping of the file into ``.coded-<inode>`` beside it, counting its rows and hashing the coded
+A coded build (``compression=zstd``, ``file_format=parquet``: :mod:`hs_dataset.codec.coding`) opens its shards
+with a ``coding``: each shard's thread, once the shard is written,
+codes it from a mapping of the file into ``.coded-<name>.tmp-<pid>`` beside it, counting its rows and hashing the coded
 bytes as it writes them (not read back). So a part's shards are coded one by one while the next shards are
-captured, each on its own thread, and the commit finds them coded (the build into /dev/shm waited 78% of its
-commits for coding done there, H200, 2026-12-04).
-
-``datasets`` numbers a part's shards once they are closed, by moving each (:func:`move`); a move of a file still
-being written is left to its thread, after its last write: a rename takes the file's inode lock, which each
-``write`` of the thread holds (tmpfs, ext4), so renaming it at once waited for the queue (0.2-0.4 s a shard,
-0.5-1.0 s a part on this VM's /dev/shm, the build's thread blocked meanwhile).
+captured, each on its own thread, and the commit finds them coded instead of coding them itself.
 """
 
 from __future__ import annotations
@@ -46,19 +38,19 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import xxhash
 
-from hs_dataset.atomic import write_all
+from hs_dataset.atomic import tmp_path, write_all
 from hs_dataset.codec.coding import Source, code_shard
 
-__all__ = ["QUEUE_BYTES", "BackgroundFile", "CodedShard", "Written", "abandon", "code_file", "drain", "move",
-           "written"]
+__all__ = ["QUEUE_BYTES", "BackgroundFile", "CodedShard", "Written", "abandon", "code_file", "drain", "written"]
 
 # Queued across all files: about 36 Kimi-width rows of 2,048 tokens, up to 8 shard files of 512 MiB written at once
-# (with 2 GiB, 4: a bf16 build at Kimi width into /dev/shm waited 25% of its time for the queue, H200, 2026-12-04)
+# (a smaller queue made the build wait for it: benchmarks/build_cpu.py --queue-mib)
 QUEUE_BYTES = 4 << 30
 
 
@@ -147,15 +139,14 @@ class BackgroundFile(io.RawIOBase):
     """A file opened for writing whose writes a thread of its own carries out, in order (module docstring)."""
 
     def __init__(self, path: str, coding: str | None = None, state_columns: tuple[str, ...] = ()):
-        """``coding``: once written, the thread codes the file (an Arrow IPC stream) into ``.coded-<inode>``
-        beside it (:func:`hs_dataset.codec.coding.code_shard`, ``state_columns`` for Parquet's byte planes)."""
+        """``coding``: once written, the thread codes the file (an Arrow IPC stream) into
+        ``.coded-<name>.tmp-<pid>`` beside it (:func:`hs_dataset.codec.coding.code_shard`, ``state_columns`` for
+        Parquet's byte planes)."""
         super().__init__()
-        self.name = path  # where the file is, or will be once its thread has moved it (move_later)
-        self._at = path  # where the file is on disk
-        self._finished = False  # its thread wrote, coded and moved it (a later move is made at once)
+        self.name = path
         self._fd = os.open(path, (os.O_RDWR if coding else os.O_WRONLY) | os.O_CREAT | os.O_TRUNC, 0o644)
         st = os.fstat(self._fd)
-        self.key = (st.st_dev, st.st_ino)  # the file under any later name
+        self.key = (st.st_dev, st.st_ino)  # the file, while it is not rewritten
         self._coding, self._state_columns = coding, state_columns
         self.coded: CodedShard | None = None
         self._hash = xxhash.xxh3_128()  # of the bytes written, in order (by the thread)
@@ -220,28 +211,10 @@ class BackgroundFile(io.RawIOBase):
                 self._code()
         finally:
             os.close(self._fd)
-            with self._cv:
-                self._finished = True
-                at, self._at = self._at, self.name
-            if at != self.name:
-                try:
-                    os.replace(at, self.name)
-                except OSError as e:
-                    self._error = self._error or OSError(e.errno, e.strerror, at)
-
-    def move_later(self, dst: str) -> bool:
-        """Move the file to ``dst`` once its queue is written (and it is coded); False: its thread is done, move
-        it now. The file is at ``dst`` when :func:`drain` returns."""
-        with self._cv:
-            if self._finished:
-                return False
-            self.name = dst
-            return True
 
     def _code(self) -> None:
-        """Code the file just written from a mapping of it (its name may have changed since: ``datasets``
-        numbers its shards after closing them; the coded file is named by the inode)."""
-        dst = os.path.join(os.path.dirname(self.name), f".coded-{self.key[1]}")
+        """Code the file just written from a mapping of it, into ``.coded-<name>.tmp-<pid>`` beside it."""
+        dst = str(tmp_path(Path(os.path.dirname(self.name)) / f"coded-{os.path.basename(self.name)}"))
         try:
             # Not closed here: Arrow's threads may let go of the last slice of it a moment after the coding
             # returns (closing it then fails); it is unmapped when the last reference goes.
@@ -292,13 +265,3 @@ def abandon(folder: str | os.PathLike) -> None:
     """Drop what the files under ``folder`` still have queued and close them (a part being discarded)."""
     for f in _take(folder):
         f._finish(drop=True)
-
-
-def move(src: str, dst: str) -> None:
-    """Move the file at ``src`` to ``dst``; a file still being written is moved by its own thread after its last
-    write (a rename waits for the inode lock its writes hold: the module docstring), and is at ``dst`` once
-    :func:`drain` returns."""
-    with _files_lock:
-        writing = next((f for f in _files if f.name == src), None)
-    if writing is None or not writing.move_later(dst):
-        os.replace(src, dst)

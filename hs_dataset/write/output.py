@@ -2,7 +2,7 @@
 
 * :func:`check_output` refuses, before anything is touched, an output that is not empty and not a
   build of ours, a ``data/`` or ``.hs_build/`` that is a link, a ``data/`` holding files a build does
-  not write, and a source inside the output (a rebuild would delete it);
+  not write;
 * :func:`lock_output`: one build at a time per output (``.hs_build/lock``, released by the kernel
   when the process dies);
 * :func:`output_error`: a full disk or an unwritable output as one :class:`OutputWriteError` naming
@@ -19,7 +19,6 @@ from pathlib import Path
 
 from hs_dataset.errors import BuildLockedError, ForeignFilesError, OutputWriteError
 from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SAMPLE_STATS_FILE, SHARD_RE, STATE_DIR
-from hs_dataset.prepare.source_spec import source_path
 
 __all__ = ['OUT_FILES', 'check_output', 'foreign', 'lock_output', 'ours_tmp', 'output_error']
 
@@ -46,25 +45,17 @@ def foreign(path: Path) -> str:
     return f"{path} ({kind})"
 
 
-def check_output(out: Path, source: str | os.PathLike | None = None) -> None:
+def check_output(out: Path) -> None:
     """Refuse, before anything is touched, an output directory that is not ours to write.
 
     ``out`` may be missing, empty, or a build of hs_dataset (its ``hs_dataset.json`` or its
     ``.hs_build/`` folder); its ``data/`` and ``.hs_build/`` must be real folders, and ``data/`` may hold
     only shards of the names a build writes (``train-PPPPP-SSS.<format>``, and the ``.tmp`` files of their
-    writes). ``source``, when a local path, must not lie inside ``out`` (a rebuild would delete it).
+    writes). (A source inside ``out`` is refused by :meth:`hs_dataset.prepare.source_spec.Source.check_outside`.)
 
     Raises:
         ForeignFilesError: naming the folder or file and what to do.
     """
-    if source is not None:
-        src = source_path(source)
-        if src is not None:
-            a, b = src.resolve(), out.resolve()
-            if (a == b or b in a.parents) and (b / STATE_DIR) not in (a, *a.parents):  # .hs_build/ is ours (imports)
-                raise ForeignFilesError(f"the source {src} lies inside the output directory {out}: a build owns its "
-                                        "output and removes what it did not write; move the source out, or pass "
-                                        "another --output")
     if not out.is_dir():
         return  # made by the build (a file in its way is an OutputWriteError)
     entries = sorted(out.iterdir())

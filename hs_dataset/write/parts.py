@@ -1,6 +1,6 @@
 """One part of a build: generated into its staging folder, then committed into ``data/``.
 
-:func:`generate_part` runs the builder's ``download_and_prepare`` for the part's rows into
+:func:`generate_part` writes the builder's rows of the part into shards in
 ``.hs_build/staging/part-PPPPP`` (the main thread's work); :func:`commit_part` fsyncs its shards,
 moves them into ``data/`` and then writes the part's record, the commit point (on a committer
 thread, while the next parts are captured). A part that fails or is killed before its record leaves
@@ -18,13 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import datasets
+from datasets.arrow_writer import ArrowWriter
 
-from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file
+from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file, tmp_path
 from hs_dataset.write.builder import HiddenStatesBuilder
 from hs_dataset.write.drop_rows import drop_rows, recount
-from hs_dataset.write.native_files import CodedShard, Written, abandon, code_file, drain, written
-from hs_dataset.write.native_fs import coding_options, native_url
+from hs_dataset.write.native_files import BackgroundFile, CodedShard, Written, abandon, code_file, drain, written
 from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
@@ -34,7 +33,6 @@ from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.codec.coding import CODED_SHARD_BYTES
-from hs_dataset.codec.encode import stored_state_columns
 from hs_dataset.integrity.checksums import shard_entry
 from hs_dataset.layout import DATA_DIR, shard_name
 from hs_dataset.prepare.workers import TokenizeWorkers
@@ -42,31 +40,46 @@ from hs_dataset.records import Counts
 
 __all__ = ['GeneratedPart', 'commit_part', 'generate_part']
 
+SHARD_PREFIX = "train-"  # a part's staging shards: train-00000.arrow, train-00001.arrow, ...
+
 
 def _coding(config: HiddenStatesConfig) -> str | None:
     """How a build's Arrow shards are coded (hs_dataset.codec.coding): "parquet", "zstd", or None (as written)."""
     return "parquet" if config.file_format == "parquet" else None if config.compression == "none" else config.compression
 
 
-def _generate(builder: HiddenStatesBuilder, staging: Path, config: HiddenStatesConfig,
-              state_columns: tuple[str, ...]) -> None:
-    """``download_and_prepare`` into ``staging``; an error is raised as itself, not wrapped by datasets."""
-    err: BaseException | None = None
+def _write_shards(builder: HiddenStatesBuilder, staging: Path, start: int, stop: int, config: HiddenStatesConfig) -> None:
+    """The builder's rows of ``[start, stop)`` into Arrow shards in ``staging``, as ``datasets``' own shard loop
+    (``ArrowBasedBuilder._prepare_split_single``) writes them, each shard through a
+    :class:`~hs_dataset.write.native_files.BackgroundFile`: written by a thread of its own while the next rows are
+    captured, and coded by it once written in a coded build. Always Arrow first (zero-copy from the ring); a part
+    without rows has no shard."""
+    coding = _coding(config)
+    max_bytes = min(config.max_shard_bytes, CODED_SHARD_BYTES) if coding else config.max_shard_bytes
+    writer: ArrowWriter | None = None
+    k = -1
+    tables = builder._generate_tables(start, stop)
     try:
-        # through NativeLocalFileSystem: each shard written by a thread of its own (hs_dataset.write.native_fs)
-        # always Arrow (zero-copy from the ring); a coded build's shards are coded by that thread once written
-        coding = _coding(config)
-        builder.download_and_prepare(native_url(staging), file_format="arrow",
-                                     storage_options=coding_options(coding, state_columns),
-                                     max_shard_size=min(config.max_shard_bytes, CODED_SHARD_BYTES) if coding
-                                     else config.max_shard_bytes,
-                                     download_mode=datasets.DownloadMode.FORCE_REDOWNLOAD)
-    except datasets.exceptions.DatasetGenerationError as e:
-        if not isinstance(e.__cause__, Exception):
-            raise
-        err = e.__cause__  # e.g. BackendError, NonFiniteError, OSError(ENOSPC), a source error
-    if err is not None:
-        raise err
+        for _, table in tables:
+            if writer is None or writer._num_bytes > max_bytes:
+                if writer is not None:
+                    writer.finalize()  # and closes its file: its thread writes what is queued
+                k += 1
+                stream = BackgroundFile(str(staging / f"{SHARD_PREFIX}{k:05d}.arrow"), coding, builder.state_columns)
+                writer = ArrowWriter(features=builder.info.features, stream=stream,
+                                     writer_batch_size=builder._writer_batch_size)
+            if len(table) == 1:  # a row: batched by the writer (writer_batch_size), as datasets does
+                writer.write_row(table)
+            else:
+                writer.write_table(table)
+            del table  # a row's states may be ring memory, reused once nothing holds it
+    except BaseException:
+        tables.close()  # the capture ends now (its statistics threads too), not when the generator is collected
+        if writer is not None:
+            writer.stream.close()  # what it has queued is dropped with the part (_discard_part)
+        raise
+    if writer is not None:
+        writer.finalize()
 
 
 @dataclass
@@ -91,8 +104,7 @@ def _staging(state: Path, i: int) -> Path:
 
 
 def _clear_staging(state: Path, i: int) -> None:
-    # datasets keeps a killed run's shards in '<staging>.incomplete' and reuses that folder
-    for d in (state / "staging").glob(f"part-{i:05d}*"):
+    for d in (state / "staging").glob(f"part-{i:05d}*"):  # also a '.incomplete' folder of an older version's run
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -116,7 +128,6 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
     row as it is written: :mod:`hs_dataset.write.sink`)."""
     config = resolved.config
     staging = _staging(state, i)
-    state_columns = tuple(stored_state_columns(resolved.layers, config.store_final))
     try:
         for f in part_files(out, i, config.file_format):  # whole shards of a part that was not recorded: redo it
             f.unlink()
@@ -130,8 +141,9 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
 
         builder = HiddenStatesBuilder(resolved=resolved, part=(start, stop), backend=backend, on_row=on_row,
                                       stream=stream, workers=workers, on_table=on_table,
-                                      cache_dir=str(state / "cache"))
-        _generate(builder, staging, config, state_columns)
+                                      cache_dir=str(state / "cache"))  # datasets' builder keeps its lock files there
+        staging.mkdir()
+        _write_shards(builder, staging, start, stop, config)
         counts = builder.counts
         if counts.samples_in != stop - start:
             raise RuntimeError(f"part {i}: read {counts.samples_in} source rows, expected {stop - start}")
@@ -140,7 +152,7 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
         raise
     quality = builder.statistics.to_dict() if builder.statistics is not None else None
     return GeneratedPart(i, start, stop, staging, counts, [r.to_dict() for r in builder.rejects], backend.versions(),
-                         tuple(sorted(builder.dropped)), state_columns, quality, _coding(config))
+                         tuple(sorted(builder.dropped)), builder.state_columns, quality, _coding(config))
 
 
 def _coded(src: str, drained: Mapping[tuple[int, int, int], Written], coding: str, state_columns: tuple[str, ...]) -> CodedShard:
@@ -148,7 +160,7 @@ def _coded(src: str, drained: Mapping[tuple[int, int, int], Written], coding: st
     done = written(drained, src)
     if done is not None and done.coded is not None:
         return done.coded
-    return code_file(coding, src, os.path.join(os.path.dirname(src), ".coded-" + os.path.basename(src)), state_columns)
+    return code_file(coding, src, str(tmp_path(Path(src))), state_columns)
 
 
 def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
@@ -162,7 +174,7 @@ def commit_part(out: Path, state: Path, g: GeneratedPart, ext: str) -> None:
     try:
         # its shards whole (their writes ran behind the capture), hashed and coded by their writers; a failure raises
         drained = drain(g.staging)
-        shards = sorted(glob.glob(str(g.staging / "*-train*.arrow")))
+        shards = sorted(glob.glob(str(g.staging / f"{SHARD_PREFIX}*.arrow")))
         if g.dropped:  # rejected after some of their rows were written: no partial sample is committed
             for src in shards:
                 drop_rows(src, set(g.dropped))

@@ -30,7 +30,6 @@ from hs_dataset.layout import StorageDtype
 from hs_dataset.model_info import ModelInfo
 from hs_dataset.prepare.duplicates import DuplicateIndex, duplicate_reject, token_digests
 from hs_dataset.prepare.samples import tokenized_samples
-from hs_dataset.prepare.source_spec import count_rows
 from hs_dataset.prepare.tags import MODE_TAG, count_tags
 from hs_dataset.prepare.thinking import sample_mode
 from hs_dataset.records import Reject
@@ -155,8 +154,9 @@ def plan_build(config: HiddenStatesConfig, *, sample: int | None = None, progres
     resolved = resolve_build(config)
     info, layers = resolved.info, resolved.layers
     check_backend_options(config.backend, dict(config.backend_options, trust_remote_code=config.trust_remote_code))
-    source_rows = count_rows(config.source)
-    rows = source_rows if config.max_samples is None else min(source_rows, config.max_samples)  # as rows_to_build
+    source = resolved.source
+    assert source is not None, "resolved with its source (resolve_build)"
+    source_rows, rows = source.rows, source.rows_to_build(config.max_samples)
     ranges = part_ranges(rows, config.part_size)
     n_parts = len(ranges)
     plan = BuildPlan(config, info, layers, source_rows, rows, part_samples=[0] * n_parts, part_tokens=[0] * n_parts)
@@ -182,7 +182,7 @@ def plan_build(config: HiddenStatesConfig, *, sample: int | None = None, progres
 
     workers = start_tokenize_workers(dataclasses.replace(resolved, config=cfg), n_read)
     with workers if workers is not None else contextlib.nullcontext(), contextlib.closing(bar):
-        for index, one in tokenized_samples(cfg, resolved.tokenizer, resolved.vocab_size, read, reject,
+        for index, one in tokenized_samples(source, cfg, resolved.tokenizer, resolved.vocab_size, read, reject,
                                             workers=workers):
             bar.row(one.num_tokens)
             dup = plan.duplicates.add(index, one.sample_id, token_digests(one.input_ids, one.loss_mask),

@@ -1,17 +1,23 @@
-"""Resolve once, pass down: one build's configuration with the model read, the layers checked and the
-tokenizer loaded, made once at the start of a build and handed to the builder, the backend, the plan
-and the final step (none of them reads ``config.json`` or loads the tokenizer again).
+"""Resolve once, pass down: one build's configuration with the model read, the layers checked, the
+tokenizer loaded and the source resolved, made once at the start of a build and handed to the builder, the
+backend, the plan and the final step (none of them reads ``config.json``, loads the tokenizer or parses the
+source string again).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import logging
+from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from hs_dataset.codec.limits import max_row_tokens
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.layout import StorageDtype, parse_teacher
 from hs_dataset.model_info import ModelInfo, check_layers, read_model_info
+from hs_dataset.prepare.duplicates import load_skipped
+from hs_dataset.prepare.source_spec import Source, resolve_source
 from hs_dataset.prepare.tokenizer import load_tokenizer, tokenizer_record
 from hs_dataset.prepare.workers import TokenizeWorkers, tokenize_processes, tokenizer_identity
 
@@ -19,6 +25,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = ["ResolvedBuild", "resolve_build", "start_tokenize_workers"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -31,8 +39,10 @@ class ResolvedBuild:
         layers: ``config.layers`` checked against ``info``.
         tokenizer: the target's tokenizer (``config.tokenizer`` or the model directory), loaded once.
         tokenizer_record: what ``hs_dataset.json`` records about it.
-        duplicate_rows: with ``duplicates="skip"``, the source rows left out and their originals' ids
-            (``{row: id}``, :func:`hs_dataset.prepare.duplicates.load_skipped`); set by the build driver.
+        source: the source (kind, name, rows, fingerprint), resolved once; None: resolved without it (a probe,
+            which may run where the source is not).
+        state: the build's state folder, which keeps the duplicates found (:attr:`duplicate_rows`; None: a
+            resolve that builds nothing, and leaves none out).
     """
 
     config: HiddenStatesConfig
@@ -40,7 +50,19 @@ class ResolvedBuild:
     layers: tuple[int, ...]
     tokenizer: PreTrainedTokenizerBase
     tokenizer_record: dict[str, Any]
-    duplicate_rows: Mapping[int, str] = field(default_factory=dict)
+    source: Source | None = field(default=None, repr=False)
+    state: Path | None = None
+
+    @cached_property
+    def duplicate_rows(self) -> Mapping[int, str]:
+        """With ``duplicates="skip"``, the source rows left out and their originals' ids (``{row: id}``): found
+        once, before the first sample is captured, and kept in ``state/`` for every later part, run and worker
+        (:func:`hs_dataset.prepare.duplicates.load_skipped`)."""
+        if self.state is None or self.config.duplicates != "skip":
+            return {}
+        assert self.source is not None, "a build resolves its source"
+        return load_skipped(self.state, self.source, self.config, self.tokenizer, self.vocab_size,
+                            self.source.rows_to_build(self.config.max_samples))
 
     @property
     def storage_dtype(self) -> StorageDtype:
@@ -73,24 +95,36 @@ class ResolvedBuild:
         return min(len(self.tokenizer), self.info.vocab_size)
 
 
-def resolve_build(config: HiddenStatesConfig, *, info: ModelInfo | None = None) -> ResolvedBuild:
-    """Read the model's ``config.json`` (unless ``info`` is given: a started backend's), check the layers,
-    load the tokenizer.
+def resolve_build(config: HiddenStatesConfig, *, info: ModelInfo | None = None, state: Path | None = None,
+                  with_source: bool = True) -> ResolvedBuild:
+    """Resolve the source (its string parsed once: :func:`~hs_dataset.prepare.source_spec.resolve_source`), load
+    the tokenizer, read the model's ``config.json`` (unless ``info`` is given: a started backend's), check the layers.
+    The source's rows and fingerprint, and the duplicates, are worked out on first use.
 
     Args:
         config: the build's configuration.
         info: the model as a started backend already read it.
+        state: the build's state folder ``OUT/.hs_build``: the source is refused inside ``OUT``, and the duplicates
+            found are kept there (:attr:`ResolvedBuild.duplicate_rows`; None: no duplicate is left out).
+        with_source: False: leave the source out (a probe, which may run where the source is not).
 
     Raises:
-        MissingPathError: no ``config.json`` in the model directory.
-        ConfigError: a bad layer id, or a tokenizer that cannot be used (the message names the fix).
+        MissingPathError: no ``config.json`` in the model directory, or no source.
+        ConfigError: a bad layer id, a tokenizer that cannot be used, an unsupported source (the message names the fix).
+        ForeignFilesError: with ``state``, the source lies inside the output.
     """
-    info = info or read_model_info(config.model, config.model_revision)
-    layers = check_layers(config.layers, info)
+    source = resolve_source(config.source) if with_source else None
+    if source is not None and state is not None:  # a build owns its output: its source must not be in it
+        source.check_outside(state.parent)
+        if source.name_redacted:
+            logger.warning("hs_dataset: the source's name looks like it holds a credential: its sample ids use %s "
+                           "instead (hs_dataset.json says so)", source.name)
     path = config.tokenizer or config.model
     tokenizer = load_tokenizer(path, trust_remote_code=config.trust_remote_code)
-    return ResolvedBuild(config, info, layers, tokenizer,
-                         tokenizer_record(tokenizer, path, trust_remote_code=config.trust_remote_code))
+    record = tokenizer_record(tokenizer, path, trust_remote_code=config.trust_remote_code)
+    info = info or read_model_info(config.model, config.model_revision)
+    layers = check_layers(config.layers, info)
+    return ResolvedBuild(config, info, layers, tokenizer, record, source, state)
 
 
 def start_tokenize_workers(resolved: ResolvedBuild, rows: int) -> TokenizeWorkers | None:

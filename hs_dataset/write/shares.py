@@ -24,7 +24,7 @@ from hs_dataset.errors import ConfigError, ConfigMismatchError
 from hs_dataset.redact import redact
 from hs_dataset.layout import SHARE_FILE, SHARES_DIR, STATE_DIR, share_dir_name
 from hs_dataset.model_info import ModelInfo
-from hs_dataset.prepare.source_spec import rows_to_build
+from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.records import Counts
 
 __all__ = ["WorkerShare", "begin_share", "count_parts", "finish_share", "read_share", "share_dir", "share_parts"]
@@ -65,7 +65,7 @@ def share_parts(n_parts: int, workers: int) -> list[list[int]]:
 
 def count_parts(config: HiddenStatesConfig) -> int:
     """How many parts a build of ``config`` has (its source's rows, at most ``max_samples``, per ``part_size``)."""
-    return len(part_ranges(rows_to_build(config.source, config.max_samples), config.part_size))
+    return len(part_ranges(resolve_source(config.source).rows_to_build(config.max_samples), config.part_size))
 
 
 def share_dir(out: str | os.PathLike, spec: WorkerShare) -> Path:

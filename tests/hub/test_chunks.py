@@ -1,13 +1,19 @@
-"""Content-defined chunks cut as Xet cuts them (hs_dataset.hub.chunks), and what two sets of files share."""
+"""Content-defined chunks cut as Xet cuts them (benchmarks/xet_chunks.py, which benchmarks/reversions.py uses), and
+what two sets of files share."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hs_dataset.hub import chunks
-from hs_dataset.hub.chunks import (GEAR_TABLE, MASK, MAX_CHUNK, MIN_CHUNK, TARGET_CHUNK, chunk_boundaries, chunk_bytes,
-                                   chunk_file, shared_fraction)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import xet_chunks as chunks  # noqa: E402
+from xet_chunks import (GEAR_TABLE, MASK, MAX_CHUNK, MIN_CHUNK, TARGET_CHUNK, chunk_boundaries, chunk_bytes,  # noqa: E402
+                        chunk_file, shared_fraction)
 
 
 def xet_rule(data: bytes) -> list[int]:

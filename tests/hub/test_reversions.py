@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from hs_dataset.hub.chunks import chunk_file, shared_fraction
 from hs_dataset.integrity.checksums import HASH_KEY
 from hs_dataset.integrity.verify import read_meta
 from hs_dataset.write.driver import build
@@ -26,6 +25,7 @@ SHARD = 256 * 1024  # several shards per part
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
     import reversions  # the benchmark's sources, replaying backend and comparisons
+    from xet_chunks import chunk_file, shared_fraction  # Xet's chunk rule (the benchmark's)
 finally:
     sys.path.pop(0)
 

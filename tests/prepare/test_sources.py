@@ -1,4 +1,4 @@
-"""Tests of the source stage: reading files/datasets (iter_source, count_rows, source_fingerprint)
+"""Tests of the source stage: reading files/datasets (iter_source, read_rows, Source.rows, Source.fingerprint)
 and validating rows (parse_row)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from hs_dataset.errors import ConfigError, SampleError
 from hs_dataset.prepare.conversations import parse_row
-from hs_dataset.prepare.source_spec import count_rows, source_fingerprint, source_name
+from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.prepare.sources import BadRow, iter_source
 from hs_dataset.records import Conversation, Message, SourceRow, TokenizedSample
 from tests.fixtures.cli import demo, run, user_error
@@ -64,8 +64,8 @@ def test_jsonl_rows_ids_and_range(tmp_path: Path, trailing_newline: bool) -> Non
     assert [r.index for r in rows] == list(range(7))
     assert [r.sample_id for r in rows] == [f"chats:{i}" for i in range(7)]
     assert rows[3].data == conv_row(3)
-    assert count_rows(path) == 7
-    assert source_name(path) == "chats"
+    assert resolve_source(path).rows == 7
+    assert resolve_source(path).name == "chats"
     part = list(iter_source(str(path), start=2, stop=5))
     assert [r.index for r in part] == [2, 3, 4]
     assert [r.sample_id for r in part] == ["chats:2", "chats:3", "chats:4"]
@@ -98,7 +98,7 @@ def test_jsonl_bad_lines_become_rejectable_rows(tmp_path: Path) -> None:
         + json.dumps(conv_row(5)).encode() + b"\r\n"
     )
     rows = list(iter_source(path))
-    assert len(rows) == count_rows(path) == 6
+    assert len(rows) == resolve_source(path).rows == 6
     assert isinstance(parse_row(rows[0]), Conversation)
     assert isinstance(parse_row(rows[5]), Conversation)
     for i, words in [(1, "not valid UTF-8"), (2, "not valid JSON"), (3, "blank")]:
@@ -122,13 +122,13 @@ def test_json_file_list_and_data_key(tmp_path: Path) -> None:
         got = list(iter_source(path, start=1, stop=3))
         assert [r.sample_id for r in got] == [f"{name}:1", f"{name}:2"]
         assert [r.data for r in got] == rows[1:3]
-        assert count_rows(path) == 4
+        assert resolve_source(path).rows == 4
     (tmp_path / "broken.json").write_text('[{"a": 1},')
     with pytest.raises(ValueError, match="JSONL"):
         list(iter_source(tmp_path / "broken.json"))
     (tmp_path / "scalar.json").write_text("3")
     with pytest.raises(ValueError, match="list of rows"):
-        count_rows(tmp_path / "scalar.json")
+        resolve_source(tmp_path / "scalar.json").rows
 
 
 def test_parquet_across_row_groups(tmp_path: Path) -> None:
@@ -138,13 +138,46 @@ def test_parquet_across_row_groups(tmp_path: Path) -> None:
     rows = [conv_row(i) for i in range(25)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p.parquet", row_group_size=7)
     path = tmp_path / "p.parquet"
-    assert count_rows(path) == 25
+    assert resolve_source(path).rows == 25
     got = list(iter_source(path))
     assert [r.data for r in got] == rows
     part = list(iter_source(path, start=6, stop=15))
     assert [r.index for r in part] == list(range(6, 15))
     assert [r.data for r in part] == rows[6:15]
     assert all(isinstance(parse_row(r), Conversation) for r in part)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "json"])
+def test_parts_read_in_one_pass_equal_the_whole(tmp_path: Path, kind: str) -> None:
+    """read_rows over many part ranges (in order, out of order, one call each) gives exactly the rows of one
+    pass; JSONL seeks from the line offsets its count recorded (ranges far from the last line read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hs_dataset.prepare.source_spec import LINES_PER_OFFSET
+    from hs_dataset.prepare.sources import read_rows
+
+    n = 3 * LINES_PER_OFFSET + 17
+    rows = [conv_row(i) for i in range(n)]
+    path = tmp_path / f"s.{kind}"
+    if kind == "jsonl":
+        write_jsonl(path, rows)
+    elif kind == "json":
+        path.write_text(json.dumps(rows), encoding="utf-8")
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=500)
+    source = resolve_source(path)
+    whole = [(r.index, r.sample_id, r.data) for r in read_rows(source, [(0, None)])]
+    assert [w[2] for w in whole] == rows and source.rows == n
+    size = 256
+    ranges = [(s, min(s + size, n)) for s in range(0, n, size)]
+    in_one = [(r.index, r.sample_id, r.data) for r in read_rows(source, ranges)]
+    one_each = [(r.index, r.sample_id, r.data) for s, e in ranges for r in read_rows(source, [(s, e)])]
+    assert in_one == one_each == whole
+    picked = [(n - 5, None), (LINES_PER_OFFSET * 2 + 3, LINES_PER_OFFSET * 2 + 9), (1, 3), (n, None)]
+    got = [r.index for r in read_rows(source, picked)]
+    assert got == [*range(n - 5, n), *range(2 * LINES_PER_OFFSET + 3, 2 * LINES_PER_OFFSET + 9), 1, 2]
+    assert [r.data for r in read_rows(source, picked)] == [rows[i] for i in got]
 
 
 def damaged_parquet(tmp_path: Path) -> tuple[Path, Path]:
@@ -166,13 +199,13 @@ def damaged_parquet(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_a_damaged_parquet_file_is_one_config_error(tmp_path: Path) -> None:
     cut, damaged = damaged_parquet(tmp_path)
-    for call in (count_rows, iter_source):
+    for call in (lambda p: resolve_source(p).rows, iter_source):
         with pytest.raises(ConfigError) as ei:
             call(cut)
         msg = str(ei.value)
         assert "\n" not in msg and str(cut) in msg and "not a readable Parquet file" in msg and "write it again" in msg
         assert ei.value.field == "source" and ei.value.value == str(cut)
-    assert count_rows(damaged) == 20  # the footer is fine: the damage shows when row group 1 is read
+    assert resolve_source(damaged).rows == 20  # the footer is fine: the damage shows when row group 1 is read
     assert [r.index for r in iter_source(damaged, stop=8)] == list(range(8))
     rows = iter_source(damaged)
     with pytest.raises(ConfigError) as ei:
@@ -206,31 +239,31 @@ def test_saved_datasets_and_hf_sources(tmp_path: Path) -> None:
     saved = list(iter_source(tmp_path / "saved", start=1, stop=3))
     assert [r.sample_id for r in saved] == ["saved:1", "saved:2"]
     assert [r.data for r in saved] == rows[1:3]
-    assert count_rows(tmp_path / "saved") == 5
+    assert resolve_source(tmp_path / "saved").rows == 5
 
     test_split = list(iter_source(f"{tmp_path / 'dd'}:test"))
     assert [r.sample_id for r in test_split] == ["dd/test:0", "dd/test:1"]
     assert [r.data for r in test_split] == rows[1:3]
-    assert count_rows(tmp_path / "dd") == 5  # default: train
+    assert resolve_source(tmp_path / "dd").rows == 5  # default: train
     with pytest.raises(ValueError, match="no split"):
-        count_rows(f"{tmp_path / 'dd'}:validation")
+        resolve_source(f"{tmp_path / 'dd'}:validation").rows
 
     for src in (f"hf:{tmp_path / 'files'}", f"hf:{tmp_path / 'files'}:train"):
         got = list(iter_source(src, sample_id="row"))
         assert [r.sample_id for r in got] == [f"files/train:{i}" for i in range(5)]
         assert [r.data for r in got] == rows
-        assert count_rows(src) == 5
+        assert resolve_source(src).rows == 5
         assert isinstance(parse_row(got[0]), Conversation)
-    assert source_fingerprint(f"hf:{tmp_path / 'files'}") == source_fingerprint(f"hf:{tmp_path / 'files'}:train")
-    assert source_fingerprint(tmp_path / "saved") != source_fingerprint(f"{tmp_path / 'dd'}:test")
+    assert resolve_source(f"hf:{tmp_path / 'files'}").fingerprint == resolve_source(f"hf:{tmp_path / 'files'}:train").fingerprint
+    assert resolve_source(tmp_path / "saved").fingerprint != resolve_source(f"{tmp_path / 'dd'}:test").fingerprint
 
 
 def test_fingerprint_changes_with_content(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "f.jsonl", [conv_row(0), conv_row(1)])
-    fp1 = source_fingerprint(path)
-    assert fp1 == source_fingerprint(str(path)) and len(fp1) == 64
+    fp1 = resolve_source(path).fingerprint
+    assert fp1 == resolve_source(str(path)).fingerprint and len(fp1) == 64
     write_jsonl(path, [conv_row(0), conv_row(2)])
-    assert source_fingerprint(path) != fp1
+    assert resolve_source(path).fingerprint != fp1
 
 
 def test_missing_or_unsupported_source(tmp_path: Path) -> None:
@@ -238,7 +271,7 @@ def test_missing_or_unsupported_source(tmp_path: Path) -> None:
         iter_source(tmp_path / "nope.jsonl")  # at call time, not at the first row
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match="unsupported file type"):
-        count_rows(tmp_path / "x.csv")
+        resolve_source(tmp_path / "x.csv").rows
     (tmp_path / "plain_dir").mkdir()
     with pytest.raises(ValueError, match="save_to_disk"):
         list(iter_source(tmp_path / "plain_dir"))
@@ -246,7 +279,7 @@ def test_missing_or_unsupported_source(tmp_path: Path) -> None:
 
 def test_demo_file_parses() -> None:
     rows = list(iter_source(DEMO))
-    assert len(rows) == count_rows(DEMO) == 64
+    assert len(rows) == resolve_source(DEMO).rows == 64
     convs = [parse_row(r) for r in rows]
     assert all(isinstance(c, Conversation) for c in convs)
     assert sum("conversations" in r.data for r in rows) == 32
@@ -450,7 +483,7 @@ def test_jsonl_one_row_per_line_and_parse_never_crashes(lines: list[bytes], samp
         with open(path, "wb") as f:
             f.write(b"".join(line + b"\n" for line in lines))
         rows = list(iter_source(path, sample_id=sample_id))
-        assert len(rows) == len(lines) == count_rows(path)
+        assert len(rows) == len(lines) == resolve_source(path).rows
         assert [r.index for r in rows] == list(range(len(lines)))
         for r in rows:
             try:

@@ -21,6 +21,7 @@ from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import ConfigError, TokenizeWorkerError
 from hs_dataset.prepare.rows import TokenizeRules
 from hs_dataset.prepare.samples import tokenized_samples
+from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.prepare.sources import iter_source
 from hs_dataset.prepare.tokenizer import load_tokenizer
 from hs_dataset.prepare.workers import (AUTO_MAX_WORKERS, AUTO_MIN_ROWS, CHUNK_ROWS, CHUNKS_PER_WORKER,
@@ -58,7 +59,7 @@ def events(config: HiddenStatesConfig, tokenizer: Any, workers: TokenizeWorkers 
     def reject(index: int, r: Reject) -> None:
         out.append(("reject", index, r.to_dict()))
 
-    for index, s in tokenized_samples(config, tokenizer, len(tokenizer), ranges, reject, workers=workers):
+    for index, s in tokenized_samples(resolve_source(config.source), config, tokenizer, len(tokenizer), ranges, reject, workers=workers):
         out.append(("sample", index, s.sample_id, s.input_ids.tolist(), s.loss_mask.tolist(), s.truncated))
     return out
 

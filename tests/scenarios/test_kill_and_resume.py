@@ -41,7 +41,6 @@ def _driver(log: str, argv: list[str]) -> int:
 
     import hs_dataset.write.driver as B
     from hs_dataset import cli
-    from hs_dataset.write.builder import HiddenStatesBuilder
 
     out = Path(argv[argv.index("-o") + 1]).absolute()
     real_replace = os.replace
@@ -58,7 +57,7 @@ def _driver(log: str, argv: list[str]) -> int:
 
     os.replace = replace
     real_finalize, real_recover = B.finalize, B.recover
-    real_prepare = HiddenStatesBuilder.download_and_prepare
+    real_generate = B.generate_part
 
     def finalize(*a, **k):
         ev("finalize")
@@ -68,9 +67,9 @@ def _driver(log: str, argv: list[str]) -> int:
         ev("recover")
         return real_recover(*a, **k)
 
-    def prepare(self, output_dir=None, *a, **k):
-        ev(f"gen {Path(output_dir).name}")
-        return real_prepare(self, output_dir, *a, **k)
+    def generate(resolved, out, state, i, *a, **k):
+        ev(f"gen part-{i:05d}")
+        return real_generate(resolved, out, state, i, *a, **k)
 
     real_make_backend = B.make_backend
 
@@ -78,8 +77,7 @@ def _driver(log: str, argv: list[str]) -> int:
         ev("backend")
         return real_make_backend(*a, **k)
 
-    B.finalize, B.make_backend, B.recover = finalize, make_backend, recover
-    HiddenStatesBuilder.download_and_prepare = prepare
+    B.finalize, B.make_backend, B.recover, B.generate_part = finalize, make_backend, recover, generate
     ev("start")
     rc = cli.main(argv)
     ev("done")
@@ -267,9 +265,9 @@ def test_kill_at_random_points_then_resume_gives_the_uninterrupted_rows(tiny_mod
 
 
 def test_leftovers_of_a_killed_part_are_not_published_after_a_shard_size_change(tiny_model, tmp_path):
-    """Regression: datasets keeps a killed run's shards in '<staging>.incomplete' and reuses that
-    folder, so a rerun with a larger max_shard_bytes used to move the stale shards into data/
-    along with the new one (23 rows instead of 20, and load_dataset failed on the split sizes)."""
+    """Regression: a killed run's shards stay in the part's staging folder; a rerun with a larger max_shard_bytes
+    once moved those stale shards into data/ along with the new one (23 rows instead of 20, and load_dataset
+    failed on the split sizes)."""
     out = tmp_path / "out"
     code = f"""
 import os, signal
@@ -291,7 +289,7 @@ B.build(cfg, {str(out)!r}, progress=False)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300)
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     stale = list((out / STATE_DIR / "staging").rglob("*.arrow"))
-    assert len(stale) >= 2  # the killed part's finished shards, left by datasets
+    assert len(stale) >= 2  # the killed part's shards
     s = build(config(tiny_model, part_size=8, max_samples=20, max_shard_bytes=10**9, writer_batch_bytes=1),
               out, progress=False)
     assert s.counts.written == 20

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hs_dataset.write.builder import writer_batch_rows
+from hs_dataset.write.resolve import ResolvedBuild
 from hs_dataset.write.driver import build
 from hs_dataset.capture.transformers import TransformersBackend
 from hs_dataset.config import HiddenStatesConfig
@@ -121,7 +122,8 @@ def test_writer_batches_are_sized_by_bytes_for_kimi_shapes(tmp_path):
 
     def rows(**kw):
         cfg = HiddenStatesConfig(model=str(model), layers=(3, 31, 59), source=str(DEMO), max_length=2048, **kw)
-        return writer_batch_rows(cfg, read_model_info(str(model)))
+        info = read_model_info(str(model))  # no tokenizer: the batch size does not depend on it
+        return writer_batch_rows(ResolvedBuild(cfg, info, cfg.layers, tokenizer=None, tokenizer_record={}))
 
     # 117 MB per 2048-token sample (4 states x 7168 x bf16): by default each sample is its own record
     # batch (no concatenation copy); a larger budget groups rows, never past the budget or the

@@ -75,23 +75,10 @@ class SGLangBackend(RingClient):
 
     Args:
         model: local model directory. layers: see :mod:`hs_dataset.model_info`.
-        tp_size: tensor parallel size (in-process engine).
-        sglang_url: attach to a running patched server instead of starting one (``user:password@``
-            in it is sent as HTTP basic auth).
-        ring_dir: in-process: where the private ring folder is made (default /dev/shm); attach:
-            the folder named ``dir`` in the server's ``HS_DATASET_CAPTURE`` (required).
-        ring_bytes: size of the shared-memory ring: the states in flight at once (default: 8 GiB, or half
-            of what the ring's folder has free when that is less). A sample that would take over half
-            of it passes through a window of it instead (see :mod:`hs_dataset.capture.sglang.ring_client`).
-        max_inflight: requests outstanding at once.
-        prefetch: results read from the ring ahead of the consumer.
-        chunked_prefill_size: passed to SGLang (None: SGLang's default).
-        request_timeout: seconds without progress before the build stops with an error.
-        engine_args: more ``sglang.Engine`` arguments (e.g. attention_backend, mem_fraction_static).
-        trust_remote_code: the engine's ``trust_remote_code`` (Kimi-K2.5's tokenizer and processor need
-            it), unless ``engine_args`` set it.
-        allow_untested_sglang: go on with an SGLang outside the audited releases (docs/sglang-releases.md); the
-            start-up self-check still runs.
+        tp_size, sglang_url, ring_dir, ring_bytes, max_inflight, chunked_prefill_size, request_timeout, prefetch,
+        engine_args, trust_remote_code, allow_untested_sglang: the backend's options
+            (:class:`~hs_dataset.capture.options.SGLangOptions`, which says what each does; a sample over half
+            of ``ring_bytes`` passes through a window of the ring: :mod:`hs_dataset.capture.sglang.ring_client`).
 
     Raises:
         BackendError: SGLang (installed, or the attached server's) is outside the audited releases, the engine

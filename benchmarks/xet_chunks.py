@@ -14,7 +14,7 @@ offline:
 The gear table is a fixed pseudo-random one of this module (:data:`GEAR_TABLE`, each entry the first 8
 bytes of ``blake2b("hs_dataset gear <i>")``), not Xet's own constants: the boundaries are not Xet's exact
 ones, but they are cut by the same rule with the same sizes, so what two versions share is the same in
-distribution (``benchmarks/reversions.py`` sets it beside the real Xet client's own deduplication of the
+distribution (``reversions.py`` sets it beside the real Xet client's own deduplication of the
 same files). A chunk is named by its xxh3-128 (Xet uses a keyed BLAKE3: any collision-free name counts
 the same chunks).
 
