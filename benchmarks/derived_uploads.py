@@ -9,7 +9,7 @@ final state, 128 tokens a row: 1 MiB of states a row; one row per record batch, 
 gives rows at Kimi width), their states random and different for every sample (:class:`UniqueStates`: no two
 rows share bytes). Then ``hs-dataset derive`` writes a 50% subset of the first and an equal 3-way mix of all
 three (as many rows as one version), and their published files are cut into content-defined chunks
-(:mod:`hs_dataset.hub.chunks`) and compared with the sources': the bytes an upload would send, beside the real
+(``benchmarks/xet_chunks.py``) and compared with the sources': the bytes an upload would send, beside the real
 Xet client's own count (``hf_xet``, into a local CAS folder, no network) when it is installed. The ratio
 reported is the upload over the bytes of the source versions.
 """
@@ -31,7 +31,7 @@ import storage  # noqa: E402  make_model_dir(), make_source()
 
 from hs_dataset.config import HiddenStatesConfig  # noqa: E402
 from hs_dataset.derive.version import derive  # noqa: E402
-from hs_dataset.hub.chunks import shared_fraction  # noqa: E402
+from xet_chunks import shared_fraction  # noqa: E402
 from hs_dataset.records import CaptureResult  # noqa: E402
 from hs_dataset.write.driver import build  # noqa: E402
 

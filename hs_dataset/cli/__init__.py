@@ -41,8 +41,7 @@ from hs_dataset.cli.plan import register as register_plan
 from hs_dataset.cli.scale import register as register_scale
 from hs_dataset.cli.verify import register as register_verify
 from hs_dataset.errors import BuildInterrupted, HsDatasetError
-from hs_dataset.interrupts import interrupt_or_defer
-from hs_dataset.processes import settle_resource_tracker
+from hs_dataset.processes import interrupt_or_defer, settle_resource_tracker
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_USER_ERROR", "cmd_build", "load_preset", "main", "make_parser",
            "parse_value", "run"]
@@ -87,7 +86,7 @@ def _silence_stdout() -> None:
 
 class _Terminated:
     """SIGTERM (what Slurm sends on preemption, and `kill`) ends the command as Ctrl-C (SIGINT) does: at once,
-    or while a build generates a part at its next row (:mod:`hs_dataset.interrupts`: never lost)."""
+    or while a build generates a part at its next row (:mod:`hs_dataset.processes`: never lost)."""
 
     def __init__(self) -> None:
         self.seen = False

@@ -17,7 +17,7 @@ The contract:
   in the top ``F`` share of its kept rows' masked positions stay masked; a row left with none is dropped;
 * the new version verifies like a build (``hs-dataset verify``). Because a kept row's bytes are the source's,
   a push of a derived version next to its sources uploads little more than the new rows' boundaries (Xet
-  deduplicates content-defined chunks: :mod:`hs_dataset.hub.chunks`).
+  deduplicates content-defined chunks: ``benchmarks/xet_chunks.py``).
 
 Arrow shards only (plain or ``compression=zstd``): Parquet shards re-encode their pages, so their rows would not
 keep their bytes.

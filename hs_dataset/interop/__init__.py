@@ -4,7 +4,7 @@
 ``hs-dataset import SRC --from specforge|speculators|modelopt OUT``. One module per format
 (:mod:`.specforge`, :mod:`.speculators`, :mod:`.modelopt`: each docstring gives the layout, the
 peer's source it was checked against, and its layer ids); :mod:`.common` (the export frame),
-:mod:`.importer` (the import driver: per-sample rejects, a resumable build), :mod:`hs_dataset.layer_ids`
+:mod:`.importer` (the import driver: per-sample rejects, a resumable build), :mod:`hs_dataset.capture.layer_ids`
 (the drafter config's ids per engine), :mod:`.final_norm` (``hidden_final`` from a pre-norm
 last layer) and :mod:`.model_check` (``--model`` checked against the files' states).
 
@@ -24,7 +24,7 @@ from hs_dataset.errors import InteropError
 from hs_dataset.integrity.verify import read_meta
 from hs_dataset.interop.common import EXPORT_SIDECAR, LAYER_IDS_FILE, ExportSummary, read_sidecar
 from hs_dataset.interop.importer import FileCaptureBackend, ImportSummary, run_import
-from hs_dataset.layer_ids import drafter_layer_ids
+from hs_dataset.capture.layer_ids import drafter_layer_ids
 from hs_dataset.interop.modelopt import export_modelopt, modelopt_source
 from hs_dataset.interop.specforge import (SPECFORGE_GROUP_SIZE, SPECFORGE_PAD_ID, export_specforge, list_specforge,
                                           specforge_file, specforge_source)

@@ -27,7 +27,7 @@ import torch
 
 from hs_dataset.atomic import atomic_write, tmp_path
 from hs_dataset.errors import InteropError
-from hs_dataset.layer_ids import drafter_layer_ids
+from hs_dataset.capture.layer_ids import drafter_layer_ids
 from hs_dataset.layout import META_FILE, layer_column
 from hs_dataset.read.iterate import iter_torch
 from hs_dataset.read.open import open_dataset

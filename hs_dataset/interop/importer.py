@@ -97,7 +97,7 @@ class FileCaptureBackend:
         for s in samples:
             index = s.sample_id.rpartition(":")[2]  # <the index's name>:<row>
             if ":" not in s.sample_id or not index.isdigit() or int(index) >= len(self._src.files):
-                # a sample of no file (the build's model probe, hs_dataset.model_fingerprint): nothing to read
+                # a sample of no file (the build's model probe, hs_dataset.capture.fingerprint): nothing to read
                 yield Reject(s.sample_id, "input_ids", "not a file of this import", "import")
                 continue
             k = int(index)

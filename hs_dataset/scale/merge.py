@@ -34,7 +34,7 @@ from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file, tmp_path
 from hs_dataset.write.finalize import finalize
 from hs_dataset.write.output import check_output, lock_output
 from hs_dataset.write.resolve import resolve_build
-from hs_dataset.model_fingerprint import same_probe
+from hs_dataset.capture.fingerprint import same_probe
 from hs_dataset.write.resume import check_resume, invalidate_finished, note_moving, part_ranges, part_record, recover
 from hs_dataset.write.shares import WorkerShare, read_share, share_dir, share_parts
 from hs_dataset.config import HiddenStatesConfig

@@ -27,7 +27,7 @@ from hs_dataset.write.card_quality import quality_section
 from hs_dataset.write.card_text import cell, code, decode_snippet, load_snippet
 from hs_dataset.write.shard_sizing import many_nodes_section
 from hs_dataset.errors import MissingPathError
-from hs_dataset.layer_ids import drafter_layer_ids
+from hs_dataset.capture.layer_ids import drafter_layer_ids
 from hs_dataset.layout import FINAL_COLUMN, escape_controls, layer_column, utf8_safe
 from hs_dataset.records import Counts
 
@@ -146,7 +146,7 @@ def checksums_section(metadata: dict, repo_id: str | None, version: str) -> str:
 
 def layer_ids_section(metadata: dict) -> str:
     """The drafter config's layer ids for the captured layers, per engine and trainer
-    (:func:`hs_dataset.layer_ids.drafter_layer_ids`): each counts the layers differently."""
+    (:func:`hs_dataset.capture.layer_ids.drafter_layer_ids`): each counts the layers differently."""
     model = metadata.get("model") or {}
     layers = metadata.get("layers") or []
     if not layers or "architecture" not in model or "num_layers" not in model:

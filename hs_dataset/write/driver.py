@@ -57,11 +57,11 @@ from hs_dataset.capture.backends import make_backend
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import BuildInterrupted, ConfigMismatchError
-from hs_dataset.interrupts import check_interrupt, interrupts_deferred
+from hs_dataset.processes import check_interrupt, interrupts_deferred
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.redact import record_redacted, redact, redact_command
 from hs_dataset.layout import DATA_DIR, STATE_DIR
-from hs_dataset.model_fingerprint import probe_fingerprint, weights_fingerprint
+from hs_dataset.capture.fingerprint import probe_fingerprint, weights_fingerprint
 from hs_dataset.records import Counts
 
 __all__ = ["BuildSummary", "build"]
@@ -117,7 +117,7 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
     Raises:
         ForeignFilesError: the output holds files hs_dataset did not write (nothing is touched).
         ConfigMismatchError: the directory holds another configuration's build or another model's rows (the
-            fingerprint of :mod:`hs_dataset.model_fingerprint` differs), the weights changed while the build ran,
+            fingerprint of :mod:`hs_dataset.capture.fingerprint` differs), the weights changed while the build ran,
             or the directory holds more rows than ``max_samples``.
         EmptyBuildError: every sample was rejected.
         BuildInterrupted: Ctrl-C (a ``KeyboardInterrupt`` saying how many parts are done).

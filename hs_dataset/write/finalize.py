@@ -97,7 +97,7 @@ def finalize(resolved: ResolvedBuild, out: Path, state: Path, parts: list[tuple[
     meta = {
         "format_version": FORMAT_VERSION,
         "model": info.to_dict(),
-        "model_fingerprint": _fingerprint(state),  # hs_dataset.model_fingerprint: what a resume or merge compares
+        "model_fingerprint": _fingerprint(state),  # hs_dataset.capture.fingerprint: what a resume or merge compares
         "layers": list(layers),
         "layer_convention": LAYER_CONVENTION,
         "columns": stored_state_columns(layers, config.store_final),

@@ -143,7 +143,7 @@ class BackgroundFile(io.RawIOBase):
         ``.coded-<name>.tmp-<pid>`` beside it (:func:`hs_dataset.codec.coding.code_shard`, ``state_columns`` for
         Parquet's byte planes)."""
         super().__init__()
-        self.name = path
+        self.name = os.path.abspath(path)  # drain() and abandon() find a part's files by their absolute folder
         self._fd = os.open(path, (os.O_RDWR if coding else os.O_WRONLY) | os.O_CREAT | os.O_TRUNC, 0o644)
         st = os.fstat(self._fd)
         self.key = (st.st_dev, st.st_ino)  # the file, while it is not rewritten

@@ -28,7 +28,7 @@ from hs_dataset.write.capture_stream import CaptureStream
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import ResolvedBuild
 from hs_dataset.write.resume import note_moving, part_files, part_record
-from hs_dataset.interrupts import check_interrupt
+from hs_dataset.processes import check_interrupt
 from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
@@ -137,7 +137,7 @@ def generate_part(resolved: ResolvedBuild, out: Path, state: Path, i: int, start
 
         def on_row(tokens: int, nbytes: int) -> None:
             bar.row(tokens, nbytes)
-            check_interrupt()  # a Ctrl-C or SIGTERM noted while the part is generated (hs_dataset.interrupts)
+            check_interrupt()  # a Ctrl-C or SIGTERM noted while the part is generated (hs_dataset.processes)
 
         builder = HiddenStatesBuilder(resolved=resolved, part=(start, stop), backend=backend, on_row=on_row,
                                       stream=stream, workers=workers, on_table=on_table,

@@ -33,7 +33,7 @@ from hs_dataset.write.output import OUT_FILES, foreign, ours_tmp
 from hs_dataset.errors import ConfigMismatchError, ForeignFilesError
 from hs_dataset.integrity.checksums import check_shard
 from hs_dataset.integrity.damage import damaged_parts
-from hs_dataset.model_fingerprint import describe, same_probe
+from hs_dataset.capture.fingerprint import describe, same_probe
 from hs_dataset.redact import redact_text
 from hs_dataset.records import Counts
 from hs_dataset.layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
@@ -225,7 +225,7 @@ def record_command_dir(state: Path) -> None:
     atomic_write(state / COMMAND_DIR_FILE, json.dumps({"cwd": os.getcwd()}))
 
 
-# The model's fingerprint (hs_dataset.model_fingerprint): recorded when a build first knows it (builds made before
+# The model's fingerprint (hs_dataset.capture.fingerprint): recorded when a build first knows it (builds made before
 # it existed, and the probe, known once the backend runs), compared whenever both sides have it.
 FINGERPRINT_FIELDS = ("model_weights", "model_probe")
 
@@ -235,7 +235,7 @@ def check_resume(state: Path, key: dict[str, Any]) -> None:
     the changes in :data:`RESUMABLE_CHANGES`, which are recorded and allowed.
 
     The model's fingerprint (:data:`FINGERPRINT_FIELDS`) missing on one side is recorded; on both sides it must
-    match (the probe's states to bf16 rounding: :func:`hs_dataset.model_fingerprint.same_probe`).
+    match (the probe's states to bf16 rounding: :func:`hs_dataset.capture.fingerprint.same_probe`).
 
     Raises:
         ConfigMismatchError: another configuration, or another model's fingerprint (naming both).

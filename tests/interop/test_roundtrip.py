@@ -17,7 +17,7 @@ from hs_dataset.cli import main as cli
 from hs_dataset.errors import InteropError
 from hs_dataset.interop import (EXPORT_SIDECAR, LAYER_IDS_FILE, default_layers, export_dataset, export_specforge,
                                 import_dataset, specforge_file)
-from hs_dataset.layer_ids import sglang_ids, vllm_ids
+from hs_dataset.capture.layer_ids import sglang_ids, vllm_ids
 from tests.fixtures.interop import LAYERS, PRE_LAYERS, assert_same_rows, bits, build_tiny, rows
 
 COLS = [f"hidden_layer_{k}" for k in LAYERS] + ["hidden_final"]

@@ -1,4 +1,4 @@
-"""hs_dataset.layer_ids against SGLang's own ``set_eagle3_layers_to_capture`` of every kept release (0.5.11 to
+"""hs_dataset.capture.layer_ids against SGLang's own ``set_eagle3_layers_to_capture`` of every kept release (0.5.11 to
 0.5.23, the excerpts in releases/): the ids hs_dataset puts in a drafter config make SGLang capture the entries of
 layers k + 1, i.e. the outputs of hs_dataset's layers k, per model file and release."""
 
@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import pytest
 
-from hs_dataset.layer_ids import sglang_ids
+from hs_dataset.capture.layer_ids import sglang_ids
 from tests.sglang_audit.touchpoints import RELEASES, load_release
 
 ARCH = {"llama": "LlamaForCausalLM", "deepseek_v2": "DeepseekV3ForCausalLM",

@@ -103,9 +103,9 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
                uses="the aux states' container (a list, or packed [tokens, n * H])"),
     Touchpoint("residual_batch.snapshot", ("layers/layer_boundary/residual/stream.py",), r"def snapshot\(", "block",
                (r"^class ResidualStream\b",), "the self-check's reference on 0.5.21+"),
-    # set_eagle3_layers_to_capture: the layer-id rule per model file (hs_dataset.layer_ids)
+    # set_eagle3_layers_to_capture: the layer-id rule per model file (hs_dataset.capture.layer_ids)
     *(Touchpoint(f"set_eagle3.{f}", (f"models/{f}.py",), r"def set_eagle3_layers_to_capture\(", "block",
-                 uses="hs_dataset.layer_ids: the SGLang ids of a drafter config")
+                 uses="hs_dataset.capture.layer_ids: the SGLang ids of a drafter config")
       for f in ("llama", "deepseek_v2", "glm4_moe_lite", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "gpt_oss")),
     # the Kimi-K2.5 wrapper
     Touchpoint("kimi_k25.wrapper", ("models/kimi_k25.py",), r"self\.language_model\s*=|self\.model\s*=|"

@@ -136,3 +136,25 @@ def test_writes_wait_while_the_queue_is_full(tmp_path, monkeypatch):
     f.close()
     drain(tmp_path)
     os.close(reader)
+
+
+def test_drain_waits_for_files_opened_by_a_relative_path(tmp_path, monkeypatch):
+    """A build given a relative --output opens its shards by relative paths: drain() must still wait for them
+    (it once matched files by absolute folder only, and a part was committed while its shard was half written)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "part").mkdir()
+    gate = threading.Event()
+    real = native_files.write_all
+
+    def slow_write(fd, data):  # the writer thread is held until drain() is waiting
+        gate.wait(5)
+        return real(fd, data)
+
+    monkeypatch.setattr(native_files, "write_all", slow_write)
+    f = BackgroundFile(os.path.join("part", "shard.arrow"))
+    f.write(b"x" * 4096)
+    f.close()
+    threading.Timer(0.3, gate.set).start()
+    drained = drain("part")
+    assert os.path.getsize(tmp_path / "part" / "shard.arrow") == 4096
+    assert written(drained, tmp_path / "part" / "shard.arrow") is not None

@@ -220,7 +220,7 @@ class SGLangBackend(RingClient):
             self.server.alive()
 
     def plugin_stats(self) -> dict[str, float] | None:
-        """The plugin's running totals (see :mod:`hs_dataset.sglang_plugin`), up to 0.5 s old; None before any."""
+        """The plugin's running totals (see :mod:`hs_dataset.capture.sglang.plugin`), up to 0.5 s old; None before any."""
         try:
             return json.loads(Path(self.dir, PLUGIN_STATS).read_text())
         except (OSError, ValueError):

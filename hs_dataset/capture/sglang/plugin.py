@@ -1,5 +1,5 @@
 """The SGLang plugin's hooks (entry point ``sglang.srt.plugins: hs_dataset_capture`` =
-``hs_dataset.sglang_plugin:register``), SGLang >= 0.5.11.
+``hs_dataset.capture.sglang.plugin:register``), SGLang >= 0.5.14.
 
 SGLang runs :func:`register` in the engine process and in every scheduler / TP worker process.
 It does nothing unless ``HS_DATASET_CAPTURE`` is set (JSON: ``layers``, ``dir``, ``rid_prefix``,
