@@ -9,7 +9,7 @@ import json
 from hs_dataset.write.progress import is_terminal
 from hs_dataset.cli.options import add_progress_arg
 from hs_dataset.cli.objects import push_to_store, store_versions
-from hs_dataset.cli.render import size, table
+from hs_dataset.cli.render import print_versions, size
 from hs_dataset.hub.names import check_repo_id, check_version_name
 
 __all__ = ["cmd_push", "cmd_versions", "dash_version", "push", "quiet_hub", "register"]
@@ -100,20 +100,11 @@ def cmd_versions(a: argparse.Namespace) -> int:
         return store_versions(a)
     check_repo_id(a.repo_id)
     check_hub(need_token=False)
-    versions = list_versions(a.repo_id)
-    if a.format == "json":
-        print(json.dumps([{k: v for k, v in dataclasses.asdict(x).items() if k != "metadata"} for x in versions],
-                         indent=1))
-        return 0
-    if not versions:
-        print(f"{a.repo_id}: no versions yet (push one: hs-dataset push DIR {a.repo_id} --version v1.0)")
-        return 0
-    rows = [(v.version, v.commit_sha[:12], _num(v.samples), _num(v.tokens), _num(v.rejected),
-             size(v.bytes) if v.bytes is not None else "n/a", (v.pushed_at or "n/a").replace("T", " "))
-            for v in versions]
-    print(f"{a.repo_id}: {len(versions)} version{'s' * (len(versions) != 1)}")
-    for line in table(("version", "commit", "rows", "tokens", "rejected", "size", "pushed (UTC)"), rows):
-        print(line)
+    print_versions(a.repo_id, list_versions(a.repo_id), a.format,
+                   ("version", "commit", "rows", "tokens", "rejected", "size", "pushed (UTC)"),
+                   lambda v: (v.version, v.commit_sha[:12], _num(v.samples), _num(v.tokens), _num(v.rejected),
+                              size(v.bytes) if v.bytes is not None else "n/a",
+                              (v.pushed_at or "n/a").replace("T", " ")))
     return 0
 
 

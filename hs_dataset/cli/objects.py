@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import json
 
-from hs_dataset.cli.render import size, table
+from hs_dataset.cli.render import print_versions, size
 from hs_dataset.errors import ConfigError
 
 __all__ = ["push_to_store", "store_verify", "store_versions"]
@@ -35,20 +35,10 @@ def store_versions(a: argparse.Namespace) -> int:
     """``hs-dataset versions URL``."""
     from hs_dataset.hub.objects import list_object_versions  # deferred: fsspec, huggingface_hub
 
-    versions = list_object_versions(a.repo_id)
-    if a.format == "json":
-        print(json.dumps([{k: v for k, v in dataclasses.asdict(x).items() if k != "metadata"} for x in versions],
-                         indent=1))
-        return 0
-    if not versions:
-        print(f"{a.repo_id}: no versions yet (push one: hs-dataset push DIR {a.repo_id} --version v1.0)")
-        return 0
-    print(f"{a.repo_id}: {len(versions)} version{'s' * (len(versions) != 1)}")
-    rows = [(v.version, v.commit_sha[:12], "n/a" if v.samples is None else f"{v.samples:,}",
-             size(v.bytes) if v.bytes is not None else "n/a", (v.pushed_at or "n/a").replace("T", " "))
-            for v in versions]
-    for line in table(("version", "id", "rows", "size", "pushed (UTC)"), rows):
-        print(line)
+    print_versions(a.repo_id, list_object_versions(a.repo_id), a.format, ("version", "id", "rows", "size", "pushed (UTC)"),
+                   lambda v: (v.version, v.commit_sha[:12], "n/a" if v.samples is None else f"{v.samples:,}",
+                              size(v.bytes) if v.bytes is not None else "n/a",
+                              (v.pushed_at or "n/a").replace("T", " ")))
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -89,3 +91,19 @@ def duplicates_line(same_ids: int, same_rows: int, tokens: int, policy: str, *, 
                "ones out)"
     left = f"{skipped:,} identical rows left out" if written else f"the {same_rows:,} identical rows are left out"
     return f"{head}; duplicates=skip: {left} (rejects of stage duplicate)"
+
+
+def print_versions(where: str, versions: Sequence[Any], fmt: str, columns: Sequence[str],
+                   row: Any) -> None:
+    """A listing of versions (the Hub's or a store's): JSON records, a line when there are none, or a table of
+    ``columns`` with ``row(version)`` for each."""
+    if fmt == "json":
+        print(json.dumps([{k: v for k, v in dataclasses.asdict(x).items() if k != "metadata"} for x in versions],
+                         indent=1))
+        return
+    if not versions:
+        print(f"{where}: no versions yet (push one: hs-dataset push DIR {where} --version v1.0)")
+        return
+    print(f"{where}: {len(versions)} version{'s' * (len(versions) != 1)}")
+    for line in table(columns, [row(v) for v in versions]):
+        print(line)

@@ -19,7 +19,7 @@ from hs_dataset.integrity.scan import iter_shard_rows
 from hs_dataset.layout import MESSAGES_COLUMN, SHARD_RE, scale_column, state_columns
 from hs_dataset.prepare.conversations import parse_row
 from hs_dataset.prepare.loss_mask import tokenize_sample
-from hs_dataset.prepare.sources import iter_source
+from hs_dataset.prepare.sources import read_rows as read_source_rows
 from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.prepare.thinking import tokenize_in_mode
 from hs_dataset.records import Conversation, SourceRow, TokenizedSample
@@ -125,10 +125,11 @@ def expected_tokens(config: HiddenStatesConfig, tokenizer: Any, vocab_size: int,
             found[r.sample_id] = _tokens(conv, config, tokenizer, vocab_size)
         return found, "tokens and loss mask retokenized from the stored messages"
     try:
-        resolve_source(config.source)
-        lo, hi = min(_source_range(config, r)[0] for r in rows), max(_source_range(config, r)[1] for r in rows)
+        source = resolve_source(config.source)
+        # each probed row's source rows, read in one pass with seeks
+        ranges: list[tuple[int, int | None]] = sorted({_source_range(config, r) for r in rows})
         wanted = {r.sample_id for r in rows}
-        for row in iter_source(config.source, start=lo, stop=hi, sample_id=config.sample_id):  # one pass
+        for row in read_source_rows(source, ranges, sample_id=config.sample_id):
             if row.sample_id in wanted:  # only the probed rows are parsed and tokenized
                 try:
                     parsed = parse_row(row)

@@ -36,22 +36,28 @@ from hs_dataset.read.elastic_order import (Intervals, after_batches, batch_sizes
 from hs_dataset.read.safe_views import SafeViews
 from hs_dataset.read.shard_cache import ShardCache
 
-__all__ = ["RankedReader", "open_ranked"]
+__all__ = ["RankedReader", "open_ranked", "rank_and_world"]
 
 STATE_KEYS = ("seed", "block_shards", "rows")
 
 
-def _layout(rank: int | None, world_size: int | None, local_rank: int | None,
-            local_world_size: int | None) -> tuple[int, int, int, int]:
-    """(rank, world size, local rank, ranks on this node): given, else torch.distributed / torchrun's variables."""
-    dist = torch.distributed
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """(rank, world size): as given, else torch.distributed's, else torchrun's ``RANK`` / ``WORLD_SIZE`` (0, 1)."""
     if rank is None or world_size is None:
+        dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             r, w = dist.get_rank(), dist.get_world_size()
         else:
             r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         rank = r if rank is None else rank
         world_size = w if world_size is None else world_size
+    return rank, world_size
+
+
+def _layout(rank: int | None, world_size: int | None, local_rank: int | None,
+            local_world_size: int | None) -> tuple[int, int, int, int]:
+    """(rank, world size, local rank, ranks on this node): given, else torch.distributed / torchrun's variables."""
+    rank, world_size = rank_and_world(rank, world_size)
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if local_rank is None else local_rank
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if local_world_size is None \
         else local_world_size

@@ -29,6 +29,7 @@ import torch.utils.data
 from hs_dataset.errors import StreamError
 from hs_dataset.read.decode import decode_row
 from hs_dataset.read.iterate import READ_AHEAD_BYTES, _read_ahead
+from hs_dataset.read.ranked import rank_and_world
 from hs_dataset.read.safe_views import SafeViews
 from hs_dataset.stream.deal import epoch_order, position, rows_of_rank
 from hs_dataset.stream.rows import LocalRows
@@ -55,14 +56,7 @@ class RowSource(Protocol):
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is None or world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            r, w = dist.get_rank(), dist.get_world_size()
-        else:
-            r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-        rank = r if rank is None else rank
-        world_size = w if world_size is None else world_size
+    rank, world_size = rank_and_world(rank, world_size)
     if not 0 <= rank < world_size:
         raise StreamError(f"rank {rank} of world size {world_size}: a rank is 0 to world_size - 1")
     return rank, world_size
