@@ -17,7 +17,7 @@ from hs_dataset.errors import IntegrityError, VersionExistsError
 from hs_dataset.hub.object_push import push_objects
 from hs_dataset.hub.objects import list_object_versions, verify_object_version
 from hs_dataset.hub.publish import push_dataset
-from hs_dataset.integrity.verify import verify_repo
+from hs_dataset.hub.verify_remote import verify_repo
 from hs_dataset.read import iter_torch, open_dataset
 from hs_dataset.read.ranked import open_ranked
 from hs_dataset.read.shard_checks import CHECK_ENV
