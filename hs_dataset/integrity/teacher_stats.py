@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 import pyarrow.parquet as pq
 import torch
 from safetensors import safe_open
@@ -36,7 +37,7 @@ from safetensors import safe_open
 from hs_dataset.atomic import fsync_dir
 from hs_dataset.codec.fp8 import fp8_dequantize
 from hs_dataset.integrity.build_rows import build_meta, iter_batches
-from hs_dataset.errors import ConfigError, MissingPathError
+from hs_dataset.errors import ConfigError, IntegrityError, MissingPathError
 from hs_dataset.layout import FINAL_COLUMN, SAMPLE_STATS_FILE, TEACHER_LOGPROBS_COLUMN, scale_column
 
 __all__ = ["STAT_COLUMNS", "StatsSource", "load_output_embedding", "position_stats", "read_sample_stats",
@@ -197,7 +198,8 @@ def write_sample_stats(root: str | Path, *, source: str | None = None, model: st
 
 def write_stats_table(root: Path, table: pa.Table, source: str) -> Path:
     """``table`` (the columns of :func:`write_sample_stats`) as ``root/sample_stats.parquet``, atomically."""
-    table = table.replace_schema_metadata({"hs_dataset": json.dumps({"source": source, "rows": table.num_rows})})
+    record = {"source": source, "rows": table.num_rows, "xxh3_128": _table_digest(table)}
+    table = table.replace_schema_metadata({"hs_dataset": json.dumps(record)})
     path = root / SAMPLE_STATS_FILE
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # as atomic_write: readers see a whole file or none
     try:
@@ -210,16 +212,35 @@ def write_stats_table(root: Path, table: pa.Table, source: str) -> Path:
 
 
 def read_sample_stats(root: str | Path, ids: list[str] | None = None) -> pa.Table:
-    """``root``'s ``sample_stats.parquet``, checked against the rows' ids when given.
+    """``root``'s ``sample_stats.parquet``, its values checked against the digest written with them, and against
+    the rows' ids when given.
 
     Raises:
         MissingPathError: there is none (``hs-dataset verify DIR --stats`` writes it).
+        IntegrityError: its values differ from their recorded digest (damaged: write it again).
         ConfigError: it does not match the rows (a stale file: write it again).
     """
     path = Path(root) / SAMPLE_STATS_FILE
     if not path.is_file():
         raise MissingPathError(f"{path}: no per-sample statistics; run `hs-dataset verify {root} --stats` first")
     table = pq.read_table(str(path))
+    recorded = json.loads((table.schema.metadata or {}).get(b"hs_dataset", b"{}")).get("xxh3_128")
+    if recorded is not None and recorded != _table_digest(table):
+        raise IntegrityError(f"{path}: its values differ from the digest recorded when it was written (damaged); "
+                             f"run `hs-dataset verify {root} --stats` to write it again")
     if ids is not None and table.column("id").to_pylist() != ids:
         raise ConfigError(f"{path} does not match the rows of {root} (stale); run `hs-dataset verify {root} --stats`")
     return table
+
+
+def _table_digest(table: pa.Table) -> str:
+    """xxh3-128 of the statistics' values, column by column (a Parquet file has no checksum of its own)."""
+    h = xxhash.xxh3_128()
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        h.update(name.encode("utf-8") + b"\0")
+        if pa.types.is_string(col.type):
+            h.update("\0".join(col.to_pylist()).encode("utf-8"))
+        else:
+            h.update(np.ascontiguousarray(col.to_numpy(zero_copy_only=False)).tobytes())
+    return h.hexdigest()

@@ -83,3 +83,26 @@ def test_a_derived_version_keeps_its_rows_statistics(built, tmp_path):
     flat = max(r["stat_flatness_mean"] for r in got)  # a filter on the derived version's own statistics
     derive([tmp_path / "sub"], tmp_path / "flattest", where=[f"stat_flatness_mean >= {flat}"])
     assert [r["stat_flatness_mean"] for r in read_sample_stats(tmp_path / "flattest").to_pylist()] == [flat]
+
+
+def test_a_changed_value_in_the_statistics_file_is_refused(built, tmp_path):
+    """sample_stats.parquet carries the digest of its values: one changed value (the file rewritten whole, its
+    metadata kept, as damage or an edit would leave it) is refused by name, not used to choose rows."""
+    import shutil
+
+    import pyarrow as pa
+
+    from hs_dataset.errors import IntegrityError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy)
+    path = copy / SAMPLE_STATS_FILE
+    table = pq.read_table(path)
+    values = table.column("stat_entropy_mean").to_pylist()
+    values[0] += 0.5
+    changed = table.set_column(table.schema.get_field_index("stat_entropy_mean"), "stat_entropy_mean",
+                               pa.array(values, pa.float64()))
+    pq.write_table(changed.replace_schema_metadata(table.schema.metadata), path)
+    with pytest.raises(IntegrityError, match="sample_stats.parquet: its values differ from the digest"):
+        read_sample_stats(copy)
+    assert read_sample_stats(built).num_rows == 8  # the original reads
