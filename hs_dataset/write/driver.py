@@ -170,7 +170,8 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
     try:
         key = dict(config.content_key(), source_fingerprint=source.fingerprint, hidden_size=info.hidden_size,
                    num_layers=info.num_layers, model_weights=weights_fingerprint(info.path))
-        check_resume(state, redact(key)[0])  # local records hold no credential either; before state/ is written
+        key = redact(key)[0]  # local records hold no credential either
+        check_resume(state, key)  # before state/ is written
         _, secrets = redact(config.to_dict())
         if build_command is not None:
             build_command, more = redact_command(build_command)

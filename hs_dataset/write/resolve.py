@@ -119,10 +119,10 @@ def resolve_build(config: HiddenStatesConfig, *, info: ModelInfo | None = None, 
         if source.name_redacted:
             logger.warning("hs_dataset: the source's name looks like it holds a credential: its sample ids use %s "
                            "instead (hs_dataset.json says so)", source.name)
+    info = info or read_model_info(config.model, config.model_revision)  # a wrong model path is the likelier mistake
     path = config.tokenizer or config.model
     tokenizer = load_tokenizer(path, trust_remote_code=config.trust_remote_code)
     record = tokenizer_record(tokenizer, path, trust_remote_code=config.trust_remote_code)
-    info = info or read_model_info(config.model, config.model_revision)
     layers = check_layers(config.layers, info)
     return ResolvedBuild(config, info, layers, tokenizer, record, source, state)
 
