@@ -116,14 +116,62 @@ def stream(d: dict[str, Any]) -> Iterator[Row]:
             yield name, t[key], "tok/s", None if key == "plain" else _ratio(t[key], t.get("plain"))
 
 
-def shard_checks(d: dict[str, Any]) -> Iterator[Row]:
-    for cache in ("cold", "hot"):
-        g = (d.get(cache) or {}).get("GB/s") or {}
-        if g.get("unchecked") and g.get("checked"):
-            base = g["unchecked"]["median"]
-            yield f"{cache} page cache: first epoch unchecked (the baseline), median", base, "GB/s", None
-            yield f"{cache} page cache: first epoch, every shard hashed, median", g["checked"]["median"], "GB/s", _ratio(
-                g["checked"]["median"], base)
+def verified_reads(d: dict[str, Any]) -> Iterator[Row]:
+    runs = [d] if "first_epoch_local" in d else [r for r in (d.get("cold"), d.get("hot")) if r]
+    for r in runs:
+        cache = "hot" if (r.get("setup") or {}).get("page_cache") == "hot" else "cold"
+        gb = (r.get("setup") or {}).get("payload_gb")
+        what = f"{cache} page cache, {gb} GB" if gb else f"{cache} page cache"
+        for key, name in (("first_epoch_local", "first epoch"), ("streaming_local_test_hub", "streamed from the local Hub")):
+            g = (r.get(key) or {}).get("GB/s") or {}
+            if g.get("unchecked") and g.get("checked"):
+                yield f"{what}: {name}, unchecked (the baseline), median", g["unchecked"]["median"], "GB/s", None
+                yield f"{what}: {name}, every block checked (pairs' mean ratio)", g["checked"]["median"], "GB/s", \
+                    r[key].get("ratio_checked_to_unchecked")
+
+
+def many_nodes(d: dict[str, Any]) -> Iterator[Row]:
+    f, rps = d.get("figures") or {}, d.get("rows_per_s") or {}
+    if f.get("fetched_over_version") is not None:
+        yield "bytes fetched per epoch, all nodes (vs the version's size)", d["fetched_bytes_all_nodes"], "B", \
+            f["fetched_over_version"]
+    peak = max(d.get("peak_cache_bytes_per_node") or [0])
+    if peak and f.get("peak_cache_over_bound") is not None:
+        yield "peak cache of a node (vs its bound)", peak, "B", f["peak_cache_over_bound"]
+    base = rps.get("open_dataset_local_copy")
+    if base:
+        yield "open_dataset of a local copy (the baseline)", base, "rows/s", None
+        for key, name in (("open_ranked_cached", "open_ranked, shards in its cache"),
+                          ("open_ranked_fetching_bounded_cache", "open_ranked, fetching into a bounded cache")):
+            if rps.get(key):
+                yield name, rps[key], "rows/s", _ratio(rps[key], base)
+
+
+def source_reads(d: dict[str, Any]) -> Iterator[Row]:
+    for kind in ("jsonl", "parquet"):
+        k = d.get(kind) or {}
+        if k.get("one_pass_cpu_s"):
+            yield f"{kind}, {k['rows']:,} rows: one pass (the baseline), CPU", k["one_pass_cpu_s"], "s", None
+            yield f"{kind}: {k['parts']:,} parts in one call, CPU", k["parts_one_cpu_s"], "s", k.get("ratio_parts_one_cpu")
+            yield f"{kind}: {k['parts']:,} parts, one call each, CPU", k["parts_each_cpu_s"], "s", \
+                k.get("ratio_parts_each_cpu")
+
+
+def writer_path(d: dict[str, Any]) -> Iterator[Row]:
+    for variant, r in ((d.get("final") or {}).get("ratios") or {}).items():
+        if r.get("wall") is not None:
+            yield f"{variant}: build wall time, this writer vs the one before", r["wall"], "x", r["wall"]
+            yield f"{variant}: CPU per GB, this writer vs the one before", r["cpu_per_GB"], "x", r["cpu_per_GB"]
+
+
+def derived_uploads(d: dict[str, Any]) -> Iterator[Row]:
+    for key, name in (("half", "a 50% subset of one version"), ("mix", "a 3-way mix")):
+        r = d.get(key) or {}
+        if r.get("upload_bytes"):
+            yield f"{name}: bytes a push uploads (vs its sources)", r["upload_bytes"], "B", r["upload_share_of_source"]
+            if r.get("xet_new_bytes"):
+                yield f"{name}: new bytes by the Xet client (vs its sources)", r["xet_new_bytes"], "B", \
+                    r["xet_share_of_source"]
 
 
 def scaleout(d: dict[str, Any]) -> Iterator[Row]:
@@ -217,10 +265,24 @@ TABLES = [
           "A build with `--stream` and a trainer process reading every row into `DrafterCollator` batches, against "
           "the same build alone.",
           "*-stream*.json", "python benchmarks/stream.py", stream),
-    Table("Shard checks on read",
-          "The first epoch of `iter_torch` with every shard's xxh3-128 checked before its first row, against the "
-          "same epoch unchecked (later epochs hash nothing).",
-          "*-shard-checks.json", "python benchmarks/shard_checks.py --gb 2 --reps 6", shard_checks),
+    Table("Verified reads",
+          "The first epoch of `open_dataset` + `iter_torch` + `DrafterCollator` over Kimi-shaped rows with every 1 MiB "
+          "block hashed as it is read, against the same epoch unchecked, in pairs of fresh processes; and the same "
+          "version streamed from the local test Hub (the ratio: the pairs' geometric mean).",
+          "*-verified-reads*.json", "python benchmarks/verified_reads.py --gb 2 --reps 6", verified_reads),
+    Table("Training on many nodes",
+          "Two nodes of two ranks each reading one epoch of a version in a local S3-compatible store through "
+          "`open_ranked`, each node's cache bounded at a quarter of the version; the reader against `open_dataset` "
+          "of a local copy.", "*-many-nodes*.json", "python benchmarks/many_nodes.py", many_nodes),
+    Table("Reading a source in parts",
+          "A 1M-row source read in parts of 256 rows (one call over all parts, and one call per part) against one "
+          "pass over it.", "*-source-reads*.json", "python benchmarks/source_reads.py", source_reads),
+    Table("The shard writer",
+          "The CPU demo build through the shard writer against the writer it replaced, in one run, the trees "
+          "alternating.", "*-build-cpu-writer-path*.json", "python benchmarks/build_cpu.py --trees OLD,NEW", writer_path),
+    Table("Derived versions on the Hub",
+          "What a push of a derived version uploads, by the Hub's content-defined chunks, against its sources' bytes.",
+          "*-derived-uploads*.json", "python benchmarks/derived_uploads.py", derived_uploads),
     Table("Workers on one machine",
           "The tiny demo model, 512 rows, built by one worker, two torchrun-style workers and two Ray workers on a "
           "new local cluster, start-up and merge included, against one worker.",
