@@ -24,7 +24,7 @@ from hs_dataset.model_info import ModelInfo
 from tests.fakehub.server import running_hub
 from tests.fakehub.tools import client_subprocess_env, make_rows, write_built_dataset
 from tests.fixtures.builds import DEMO, ROOT
-from tests.fixtures.cli import SCRIPT, demo, run, user_error
+from tests.fixtures.cli import SCRIPT, demo, on_a_terminal, run, user_error
 
 TOKEN = "hf_CliTestToken0123456789ABCDEFGHIJKLM"
 REPO = "org/cli-demo"
@@ -423,28 +423,8 @@ def test_progress_in_a_log_is_plain_lines_and_no_progress_is_silent(built, tiny_
 
 
 def test_a_terminal_gets_one_bar_and_no_loading_bars(tiny_model, tmp_path):
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()  # stderr is a terminal: the tqdm bar
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a terminal's width (a bare pty has 0)
-    proc = subprocess.Popen([sys.executable, "-m", "hs_dataset.cli", "build", *demo(tiny_model, "--max-samples", "8"),
-                             "-o", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=slave)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 1 << 16)
-        except OSError:  # EIO: the child closed its end
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    assert proc.wait(timeout=300) == 0
-    err = b"".join(chunks).decode(errors="replace")
+    status, err = on_a_terminal(["build", *demo(tiny_model, "--max-samples", "8"), "-o", str(tmp_path / "out")])
+    assert status == 0, err[-3000:]
     pieces = [p.strip() for p in re.split(r"[\r\n]+", err) if p.strip() and not set(p.strip()) <= {"\x1b[A"}]
     assert pieces and all(p.startswith("hs-dataset build:") for p in pieces), pieces  # one bar, nothing else
     assert "8/8" in pieces[-1]

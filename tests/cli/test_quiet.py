@@ -4,13 +4,6 @@ terminal. Each through the real `hs-dataset` in a subprocess."""
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
-import struct
-import subprocess
-import sys
-import termios
 import warnings
 from pathlib import Path
 
@@ -19,7 +12,7 @@ import numpy as np
 from hs_dataset.integrity.value_stats import column_stats
 from tests.fakehub.server import running_hub
 from tests.fakehub.tools import client_subprocess_env
-from tests.fixtures.cli import demo, run, user_error
+from tests.fixtures.cli import demo, on_a_terminal, run, user_error
 
 TOKEN = "hf_QuietTestToken0123456789ABCDEFGHIJK"
 REPO = "org/quiet-demo"
@@ -63,34 +56,13 @@ def test_verify_stats_of_an_fp8_build_prints_no_warning(tiny_model, tmp_path):
     assert "Warning" not in r.stderr and "not writable" not in r.stderr, r.stderr
 
 
-def _on_a_terminal(args: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """Run ``hs-dataset ARGS`` with stderr a terminal; its exit status and what it wrote there."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a terminal's width
-    proc = subprocess.Popen([sys.executable, "-m", "hs_dataset.cli", *args], stdout=subprocess.PIPE, stderr=slave,
-                            env=env)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 1 << 16)
-        except OSError:  # EIO: the child closed its end
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    status = proc.wait(timeout=300)
-    return status, b"".join(chunks).decode(errors="replace")
-
-
-def test_build_push_no_progress_shows_no_upload_bar_on_a_terminal(tiny_model, tmp_path: Path):
+def test_build_push_no_progress_shows_no_upload_baron_a_terminal(tiny_model, tmp_path: Path):
     with running_hub(tmp_path, write_token=TOKEN) as hub:
         env = client_subprocess_env(hub, tmp_path / "home", token=TOKEN)
         env.pop("HF_HUB_DISABLE_PROGRESS_BARS")  # what a user's shell has: huggingface_hub's bars on
         args = ["build", *demo(tiny_model, "--max-samples", "4"), "-o", str(tmp_path / "out"),
                 "--push", REPO, "--version", "v1.0"]
-        status, err = _on_a_terminal([*args, "--no-progress"], env)
+        status, err = on_a_terminal([*args, "--no-progress"], env)
         assert status == 0, err[-3000:]
         assert hub.commit_of("dataset", REPO, "v1.0") is not None
         assert err.strip() == "", err  # no bar: neither the build's nor huggingface_hub's upload bar
