@@ -35,14 +35,15 @@ from hs_dataset.write.finalize import finalize
 from hs_dataset.write.output import check_output, lock_output
 from hs_dataset.write.resolve import resolve_build
 from hs_dataset.capture.fingerprint import same_probe
-from hs_dataset.write.resume import check_resume, invalidate_finished, note_moving, part_ranges, part_record, recover
+from hs_dataset.write.build_key import check_resume
+from hs_dataset.write.resume import invalidate_finished, note_moving, part_record, recover
 from hs_dataset.write.shares import WorkerShare, read_share, share_dir, share_parts
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import HsDatasetError, ShareError
 from hs_dataset.redact import redact_command, redact_text
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.integrity.verify import check_files, damage_of
-from hs_dataset.layout import DATA_DIR, REDACTED_FILE, SHARE_FILE, SHARES_DIR, STATE_DIR
+from hs_dataset.layout import DATA_DIR, REDACTED_FILE, SHARE_FILE, SHARES_DIR, STATE_DIR, part_ranges
 from hs_dataset.model_info import ModelInfo
 from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.records import Counts

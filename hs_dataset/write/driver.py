@@ -49,19 +49,18 @@ from hs_dataset.write.native_files import abandon
 from hs_dataset.write.parts import commit_part, generate_part
 from hs_dataset.write.progress import BuildProgress
 from hs_dataset.write.resolve import resolve_build, start_tokenize_workers
-from hs_dataset.write.resume import (check_resume, check_shrink, full_check, invalidate_finished, part_ranges, part_record,
-                                     record_command_dir, recover)
-from hs_dataset.write.shares import WorkerShare, begin_share, finish_share
+from hs_dataset.write.build_key import begin_build, check_probe, check_weights
+from hs_dataset.write.resume import full_check, invalidate_finished, part_record, recover
+from hs_dataset.write.shares import WorkerShare, finish_share
 from hs_dataset.write.sink import RowSink
 from hs_dataset.capture.backends import make_backend
 from hs_dataset.capture.base import CaptureBackend
 from hs_dataset.config import HiddenStatesConfig
-from hs_dataset.errors import BuildInterrupted, ConfigMismatchError
+from hs_dataset.errors import BuildInterrupted
 from hs_dataset.processes import check_interrupt, interrupts_deferred
 from hs_dataset.integrity.damage import mark_damaged
-from hs_dataset.redact import record_redacted, redact, redact_command
 from hs_dataset.layout import DATA_DIR, STATE_DIR
-from hs_dataset.capture.fingerprint import probe_fingerprint, weights_fingerprint
+from hs_dataset.capture.fingerprint import probe_fingerprint
 from hs_dataset.records import Counts
 
 __all__ = ["BuildSummary", "build"]
@@ -142,25 +141,17 @@ def build(config: HiddenStatesConfig, output_dir: str | os.PathLike, *, backend:
         sys.setswitchinterval(switch)
 
 
-def _check_weights(model: str, recorded: str, part: int) -> None:
-    """Stop before part ``part`` is committed when the model's weight files changed since the build started."""
-    now = weights_fingerprint(model)
-    if now != recorded:
-        raise ConfigMismatchError(
-            f"the weights in {model} changed while the build ran (fingerprint {recorded} at the start, {now} now): "
-            f"part {part} is discarded, the parts before it are kept. Put the model back and run the same command "
-            "again, or build the new model into a new --output directory")
-
-
 def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None, progress: bool,
            build_command: str | None, allow_shrink: bool, share: WorkerShare | None,
            sink: RowSink | None) -> BuildSummary:
     t0 = time.time()
     state = out / STATE_DIR
-    # the source (parsed once, refused inside the output), the tokenizer and the model resolved; nothing touched
-    resolved = resolve_build(config, info=backend.info if backend is not None else None, state=state)
+    # the source (parsed once, refused inside the output), the tokenizer, the model and what the build records
+    # (redacted) resolved; nothing touched
+    resolved = resolve_build(config, info=backend.info if backend is not None else None, state=state,
+                             build_command=build_command)
     check_output(out)  # an output that is not ours is refused before anything is touched
-    info, layers, source = resolved.info, resolved.layers, resolved.source
+    source = resolved.source
     assert source is not None, "a build resolves its source"
     (state / "parts").mkdir(parents=True, exist_ok=True)
     (out / DATA_DIR).mkdir(exist_ok=True)
@@ -168,24 +159,9 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
     parts: list[tuple[int, int, int]] = []
     finished = False
     try:
-        key = dict(config.content_key(), source_fingerprint=source.fingerprint, hidden_size=info.hidden_size,
-                   num_layers=info.num_layers, model_weights=weights_fingerprint(info.path))
-        key = redact(key)[0]  # local records hold no credential either
-        check_resume(state, key)  # before state/ is written
-        _, secrets = redact(config.to_dict())
-        if build_command is not None:
-            build_command, more = redact_command(build_command)
-            secrets += more
-        record_redacted(state, secrets)  # salted digests only: push scans its uploads for them
-        if build_command is not None:
-            record_command_dir(state)  # verify's repair command runs the recorded command from there
-
-        n = source.rows_to_build(config.max_samples)
+        # the output's state checked against this build (a resume, a share, fewer rows), then this build recorded
+        parts = begin_build(out, state, resolved, share, allow_shrink)
         ext = config.file_format
-        parts = part_ranges(n, config.part_size)
-        check_shrink(out, state, n, allow_shrink)  # before recover, which would drop the rows beyond n
-        if share is not None:  # one worker's share of the parts (hs_dataset.scale)
-            parts = begin_share(state, share, parts, n, config, info, layers, build_command)
         done = recover(out, state, parts)
         if done and len(done) == len(parts):  # nothing left to build: trust no part unhashed before saying done
             damaged = full_check(out, state, parts)
@@ -219,14 +195,13 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
         try:
             for i, start, stop in todo:
                 if backend is None:
-                    backend = make_backend(config.backend, info, layers, options=config.backend_options,
+                    backend = make_backend(config.backend, resolved.info, resolved.layers, options=config.backend_options,
                                            trust_remote_code=config.trust_remote_code)
                     own_backend = True
                 if not probed:  # the model's probe states, through the backend's own capture, once per run
                     probed = True
                     probe = probe_fingerprint(backend)
-                    if probe is not None:
-                        check_resume(state, dict(key, model_probe=probe))
+                    check_probe(state, resolved, probe)
                 if stream is None and getattr(backend, "continuous", False):
                     # one capture over all remaining parts: the engine never drains at a part boundary
                     stream = CaptureStream(resolved, backend, [(s, e) for _, s, e in todo], workers=workers)
@@ -236,7 +211,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
                     generated = generate_part(resolved, out, state, i, start, stop, backend, bar, stream, workers,
                                               sink)
                 check_interrupt()  # one noted after the part's last row (outside the block a signal raises at once)
-                _check_weights(info.path, key["model_weights"], i)  # before the part is committed
+                check_weights(resolved, i)  # before the part is committed
                 if sink is not None:
                     sink.generated(i, generated.counts.rows_written)
                 committed(wait=len(committing) >= COMMITS_IN_FLIGHT)
@@ -256,7 +231,7 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
             if own_backend and backend is not None:
                 backend.close()
         if share is None:
-            counts = finalize(resolved, out, state, parts, backend if built else None, build_command)
+            counts = finalize(resolved, out, state, parts, backend if built else None, resolved.build_command)
             if config.sample_stats:  # the teacher's statistics per row (hs_dataset.integrity.teacher_stats)
                 write_sample_stats(out)
         else:

@@ -15,7 +15,8 @@ from hs_dataset.capture.transformers import TransformersBackend
 from hs_dataset.demo.tiny import make_tiny_model_dir
 from hs_dataset.errors import ConfigMismatchError, ShareError
 from hs_dataset.layout import META_FILE, STATE_DIR
-from hs_dataset.capture.fingerprint import probe_fingerprint, same_probe, weights_fingerprint
+from hs_dataset.capture.fingerprint import probe_fingerprint, same_probe
+from hs_dataset.model_info import weights_fingerprint
 from hs_dataset.scale.merge import merge_shares
 from hs_dataset.scale.worker import build_share
 from hs_dataset.write.driver import build
