@@ -23,7 +23,7 @@ from hs_dataset.layout import SHARE_FILE
 from hs_dataset.model_info import weights_fingerprint
 from hs_dataset.redact import record_redacted, redact_text
 from hs_dataset.write.resolve import ResolvedBuild
-from hs_dataset.write.resume import check_shrink
+from hs_dataset.write.resume import recorded_rows
 from hs_dataset.write.shares import WorkerShare, share_record
 
 __all__ = ["COMMAND_DIR_FILE", "FINGERPRINT_FIELDS", "RESUMABLE_CHANGES", "begin_build", "check_probe", "check_resume",
@@ -97,9 +97,9 @@ def begin_build(out: Path, state: Path, resolved: ResolvedBuild, share: WorkerSh
                 allow_shrink: bool) -> list[tuple[int, int, int]]:
     """Check the output's state against this build, then record the build in it -> the parts this run builds.
 
-    Checked first, nothing written before: the rows the directory holds beyond this build's
-    (:func:`~hs_dataset.write.resume.check_shrink`), the share it holds (:func:`~hs_dataset.write.shares.share_record`),
-    the content key recorded (:func:`check_resume`: a resume). Then recorded: the key, the salted digests of the
+    Checked first, nothing written before: the share it holds (:func:`~hs_dataset.write.shares.share_record`), the
+    content key recorded (:func:`check_resume`: a resume), the rows it holds beyond this build's
+    (:func:`~hs_dataset.write.resume.recorded_rows`). Then recorded: the key, the salted digests of the
     values redacted from the configuration and command (push scans its uploads for them), with a command the folder
     it ran in (verify's repair command runs it from there), and the share.
 
@@ -110,12 +110,18 @@ def begin_build(out: Path, state: Path, resolved: ResolvedBuild, share: WorkerSh
         allow_shrink: let a lowered ``max_samples`` delete the rows beyond it.
 
     Raises:
-        ConfigMismatchError: another configuration, model, share, or more rows than this build's without ``allow_shrink``.
+        ConfigMismatchError: another configuration, model, share, or more rows than this build's (``max_samples``
+            lowered: :func:`~hs_dataset.write.resume.recover` would delete them) without ``allow_shrink``.
     """
     assert resolved.key is not None, "resolved for a build (resolve_build(state=...))"
-    check_shrink(out, state, resolved.rows, allow_shrink)  # before recover, which would drop the rows beyond them
     parts, record = share_record(state, share, resolved) if share is not None else (resolved.parts, None)
     key = _resumed_key(state, resolved.key)
+    held = recorded_rows(state)
+    if held > resolved.rows and not allow_shrink:
+        raise ConfigMismatchError(
+            f"{out} holds {held} source rows, this build {resolved.rows} (max_samples lowered?): refusing to delete "
+            f"the rows beyond {resolved.rows}. Raise max_samples back, use a new --output, or pass --allow-shrink to "
+            "delete them.")
     record_redacted(state, resolved.secrets)
     if key is not None:
         atomic_write(state / "build.json", json.dumps(key, indent=1, sort_keys=True))

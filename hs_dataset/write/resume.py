@@ -30,14 +30,14 @@ from typing import Any
 
 from hs_dataset.atomic import atomic_write, fsync_dir
 from hs_dataset.write.output import OUT_FILES, foreign, ours_tmp
-from hs_dataset.errors import ConfigMismatchError, ForeignFilesError
+from hs_dataset.errors import ForeignFilesError
 from hs_dataset.integrity.checksums import check_shard
 from hs_dataset.integrity.damage import damaged_parts
 from hs_dataset.records import Counts
 from hs_dataset.layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
 
-__all__ = ["check_shrink", "full_check", "invalidate_finished", "note_moving", "part_files", "part_record",
-           "recover"]
+__all__ = ["full_check", "invalidate_finished", "note_moving", "part_files", "part_record",
+           "recorded_rows", "recover"]
 
 logger = logging.getLogger(__name__)
 
@@ -186,20 +186,11 @@ def invalidate_finished(out: Path, state: Path) -> None:
     fsync_dir(out)
 
 
-def check_shrink(out: Path, state: Path, rows: int, allow: bool) -> None:
-    """Refuse a build of ``rows`` source rows where the directory holds rows beyond them (``max_samples``
-    lowered): :func:`recover` would delete those parts. ``allow`` lets it (the rows beyond go).
-
-    Raises:
-        ConfigMismatchError: a part record ends after ``rows`` and ``allow`` is False.
-    """
-    if allow:
-        return
-    ends = [int(r["stop"]) for r in map(_read_record, sorted((state / "parts").glob("part-*.json"))) if r is not None]
-    if ends and max(ends) > rows:
-        raise ConfigMismatchError(
-            f"{out} holds {max(ends)} source rows, this build {rows} (max_samples lowered?): refusing to delete the "
-            f"rows beyond {rows}. Raise max_samples back, use a new --output, or pass --allow-shrink to delete them.")
+def recorded_rows(state: Path) -> int:
+    """The source rows the readable part records of ``state`` reach (0: none): a build of fewer rows would have
+    :func:`recover` delete the parts beyond them."""
+    return max((int(r["stop"]) for r in map(_read_record, sorted((state / "parts").glob("part-*.json")))
+                if r is not None), default=0)
 
 
 def full_check(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> dict[int, str]:
