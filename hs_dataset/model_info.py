@@ -1,4 +1,5 @@
-"""The target model as a build sees it (its sizes, from config.json), and the layer ids it accepts.
+"""The target model as a build sees it (its sizes, from config.json; its weights' fingerprint), and the layer ids it
+accepts.
 
 Layer index convention
 ----------------------
@@ -12,15 +13,6 @@ pre-norm state as their "last layer"). Valid k: ``0 <= k <= num_layers - 1``.
 
 Every dataset also stores the ``final`` state: the last decoder layer's output **after** the
 model's final norm (HF ``last_hidden_state``); EAGLE-3 trainers apply the frozen ``lm_head`` to it.
-
-The weights' fingerprint (:func:`weights_fingerprint`) is read with the sizes when a build is resolved: hashing every
-weight byte would read the whole model (~600 GB at Kimi-K2.5's size) at every build start, so it takes per weight
-file (``*.safetensors``, ``*.bin``, ``*.pt``, ``*.pth``, ``*.gguf``) its name, size, safetensors header (names,
-dtypes, shapes, offsets) and the xxh3 of :data:`SAMPLES` blocks of :data:`SAMPLE_BYTES` spread evenly over the
-file: a few MiB read for the whole model. Other weights copied over the same files (same shapes) change the sampled
-bytes (a model loaded through ``mmap`` would serve new bytes to a running build's later parts, so a build checks it
-again before every part is committed). The probe part of the model's fingerprint is
-:mod:`hs_dataset.capture.fingerprint`.
 
 This differs from SGLang's ``set_eagle3_layers_to_capture(ids)``, which adds 1 to every id in
 ``llama.py`` and only when ``ids[0] == 1`` in ``deepseek_v2.py``: hs_dataset never passes ids
@@ -140,8 +132,13 @@ def _safetensors_header(f: Any, size: int) -> bytes:
 
 
 def weights_fingerprint(model_dir: str | os.PathLike) -> str:
-    """The weights part of the fingerprint of a local model directory (``"none"``: it holds no weight file; see the
-    module docstring).
+    """The weights part of the model's fingerprint (the probe part: :mod:`hs_dataset.capture.fingerprint`) of a local
+    model directory; ``"none"``: it holds no weight file.
+
+    Hashing every weight byte would read the whole model (~600 GB at Kimi-K2.5's size) at every build start: per
+    weight file it takes its name, size, safetensors header and the xxh3 of :data:`SAMPLES` blocks of
+    :data:`SAMPLE_BYTES` spread over it, a few MiB for the whole model. Other weights copied over the same files
+    (same shapes) change the sampled bytes.
 
     Raises:
         OSError: a weight file cannot be read.

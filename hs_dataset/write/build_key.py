@@ -45,11 +45,7 @@ COMMAND_DIR_FILE = "command_dir.json"
 
 
 def _resumed_key(state: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    """The key to record in ``state/build.json`` (None: the one recorded there stays as it is), checked against it.
-
-    Raises:
-        ConfigMismatchError: as :func:`check_resume`.
-    """
+    """``key`` checked against ``state/build.json`` (:func:`check_resume`) -> what to record there (None: as it is)."""
     path = state / "build.json"
     if not path.exists():
         return key
@@ -79,14 +75,12 @@ def _resumed_key(state: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 
 def check_resume(state: Path, key: dict[str, Any]) -> None:
     """Record ``key`` in ``state/build.json``, or refuse when the key recorded there differs from it, except for
-    the changes in :data:`RESUMABLE_CHANGES`, which are recorded and allowed.
-
-    The model's fingerprint (:data:`FINGERPRINT_FIELDS`) missing on one side is recorded; on both sides it must
-    match (the probe's states to bf16 rounding: :func:`hs_dataset.capture.fingerprint.same_probe`).
+    the changes in :data:`RESUMABLE_CHANGES` (recorded and allowed). The model's fingerprint
+    (:data:`FINGERPRINT_FIELDS`) missing on one side is recorded; on both sides it must match (the probe's states
+    to bf16 rounding: :func:`hs_dataset.capture.fingerprint.same_probe`).
 
     Raises:
-        ConfigMismatchError: another configuration, or another model's fingerprint (naming both); nothing is
-            written then.
+        ConfigMismatchError: another configuration, or another model's fingerprint (naming both); nothing is written.
     """
     record = _resumed_key(state, key)
     if record is not None:
@@ -95,23 +89,13 @@ def check_resume(state: Path, key: dict[str, Any]) -> None:
 
 def begin_build(out: Path, state: Path, resolved: ResolvedBuild, share: WorkerShare | None,
                 allow_shrink: bool) -> list[tuple[int, int, int]]:
-    """Check the output's state against this build, then record the build in it -> the parts this run builds.
-
-    Checked first, nothing written before: the share it holds (:func:`~hs_dataset.write.shares.share_record`), the
-    content key recorded (:func:`check_resume`: a resume), the rows it holds beyond this build's
-    (:func:`~hs_dataset.write.resume.recorded_rows`). Then recorded: the key, the salted digests of the
-    values redacted from the configuration and command (push scans its uploads for them), with a command the folder
-    it ran in (verify's repair command runs it from there), and the share.
-
-    Args:
-        out: the build directory; state: its ``.hs_build`` folder.
-        resolved: the build, resolved with ``state``.
-        share: only this worker's share of the parts (:mod:`hs_dataset.write.shares`).
-        allow_shrink: let a lowered ``max_samples`` delete the rows beyond it.
+    """Check the output's state against this build (the share it holds, the key recorded, the rows it holds beyond
+    this build's, which :func:`~hs_dataset.write.resume.recover` would delete), then record the build: the key, the
+    salted digests of the values redacted (push scans its uploads for them), the folder a command ran in (verify's
+    repair command runs it there), the share. Nothing is written before everything is checked. -> this run's parts.
 
     Raises:
-        ConfigMismatchError: another configuration, model, share, or more rows than this build's (``max_samples``
-            lowered: :func:`~hs_dataset.write.resume.recover` would delete them) without ``allow_shrink``.
+        ConfigMismatchError: another share, configuration or model; more rows without ``allow_shrink``.
     """
     assert resolved.key is not None, "resolved for a build (resolve_build(state=...))"
     parts, record = share_record(state, share, resolved) if share is not None else (resolved.parts, None)
@@ -133,9 +117,8 @@ def begin_build(out: Path, state: Path, resolved: ResolvedBuild, share: WorkerSh
 
 
 def check_probe(state: Path, resolved: ResolvedBuild, probe: dict[str, Any] | None) -> None:
-    """Check the model's probe states (:func:`~hs_dataset.capture.fingerprint.probe_fingerprint`, captured through
-    the build's backend once it runs) against the recorded ones (:func:`check_resume`), or record them (None: the
-    backend captures no arbitrary sample; nothing is checked).
+    """Check the probe states captured through the build's backend (None: it captures no arbitrary sample) against
+    the recorded ones (:func:`check_resume`), or record them.
 
     Raises:
         ConfigMismatchError: the recorded probe came from other weights.

@@ -146,13 +146,10 @@ def _build(config: HiddenStatesConfig, out: Path, backend: CaptureBackend | None
            sink: RowSink | None) -> BuildSummary:
     t0 = time.time()
     state = out / STATE_DIR
-    # the source (parsed once, refused inside the output), the tokenizer, the model and what the build records
-    # (redacted) resolved; nothing touched
+    # the source (parsed once, refused inside the output), the tokenizer, the model, what the build records; nothing touched
     resolved = resolve_build(config, info=backend.info if backend is not None else None, state=state,
                              build_command=build_command)
     check_output(out)  # an output that is not ours is refused before anything is touched
-    source = resolved.source
-    assert source is not None, "a build resolves its source"
     (state / "parts").mkdir(parents=True, exist_ok=True)
     (out / DATA_DIR).mkdir(exist_ok=True)
     lock = lock_output(out, state)

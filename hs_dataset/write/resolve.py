@@ -1,8 +1,7 @@
-"""Resolve once, pass down: one build's configuration with the model read (its sizes and its weights'
-fingerprint), the layers checked, the tokenizer loaded, the source resolved and what the build records worked
-out (its content key, its build command, both redacted): pure data, made once at the start of a build, before
-anything is written, and handed to the state, the builder, the backend, the plan and the final step (none of
-them reads ``config.json``, loads the tokenizer, parses the source string or redacts again).
+"""Resolve once, pass down: a build's configuration with the model read (sizes, weights' fingerprint), the layers
+checked, the tokenizer loaded, the source resolved, and what the build records worked out (redacted): pure data, made
+before anything is written and handed down (nothing below reads ``config.json``, loads the tokenizer, parses the
+source string or redacts again).
 """
 
 from __future__ import annotations
@@ -45,15 +44,11 @@ class ResolvedBuild:
             which may run where the source is not).
         state: the build's state folder, which keeps the duplicates found (:attr:`duplicate_rows`; None: a
             resolve that builds nothing, and leaves none out).
-        key: with ``state``, the content key the build records in ``build.json`` (redacted): the configuration's
-            :meth:`~hs_dataset.config.HiddenStatesConfig.content_key`, the source's fingerprint, the model's sizes and
-            its weights' fingerprint (:func:`~hs_dataset.model_info.weights_fingerprint`); None without.
-        parts: with ``state``, the build's parts (:func:`~hs_dataset.layout.part_ranges` of :attr:`rows`).
-        rows: with ``state``, the source rows the build reads (at most ``max_samples``); 0 without.
-        config_record: the configuration as recorded (``config.to_dict()``, redacted).
-        build_command: the command line as recorded, redacted (None: none given).
-        secrets: the values redacted from the configuration and the command (``(where, value)``), whose salted
-            digests the build keeps for push's scan (:func:`hs_dataset.redact.record_redacted`).
+        key, rows, parts: with ``state``: the content key recorded in ``build.json`` (the configuration's, the
+            source's and the weights' fingerprints, the model's sizes), the source rows read (at most
+            ``max_samples``) and their parts (:func:`~hs_dataset.layout.part_ranges`).
+        config_record, build_command: the configuration and the command line as recorded (redacted).
+        secrets: the values redacted from both, whose salted digests the build keeps for push's scan.
     """
 
     config: HiddenStatesConfig
