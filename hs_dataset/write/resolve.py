@@ -73,8 +73,7 @@ class ResolvedBuild:
         if self.state is None or self.config.duplicates != "skip":
             return {}
         assert self.source is not None, "a build resolves its source"
-        return load_skipped(self.state, self.source, self.config, self.tokenizer, self.vocab_size,
-                            self.source.rows_to_build(self.config.max_samples))
+        return load_skipped(self.state, self.source, self.config, self.tokenizer, self.vocab_size, self.rows)
 
     @property
     def storage_dtype(self) -> StorageDtype:
