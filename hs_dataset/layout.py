@@ -25,7 +25,7 @@ __all__ = [
     "META_FILE",
     "MESSAGES_COLUMN", "NONFINITE_POLICIES", "README_FILE", "REDACTED_FILE", "REJECTS_FILE", "RESPONSES_MODES",
     "SAMPLE_STATS_FILE", "SAMPLE_TOKENS_COLUMN", "TEACHER_IDS_COLUMN", "TEACHER_LOGPROBS_COLUMN", "TEACHER_LSE_COLUMN",
-    "TOKEN_START_COLUMN", "parse_teacher",
+    "TOKEN_START_COLUMN", "parse_teacher", "part_ranges",
     "ResponsesMode", "SAMPLE_ID_MODES", "SHARD_RE", "STATE_DIR", "STORAGE_DTYPES", "TRUNCATION_MODES", "BackendName",
     "FileFormat", "MaskMode", "NonfinitePolicy",
     "SampleIdMode", "StorageDtype", "TruncationMode", "layer_column", "layer_of", "scale_column", "shard_name",
@@ -159,3 +159,9 @@ def utf8_safe(text: str) -> str:
         return f"\\x{o - 0xDC00:02x}" if 0xDC80 <= o <= 0xDCFF else f"\\u{o:04x}"
 
     return _SURROGATE.sub(escape, text)
+
+
+def part_ranges(rows: int, part_size: int) -> list[tuple[int, int, int]]:
+    """The parts of a build of ``rows`` source rows: ``(index, first row, end row)``, ``part_size`` rows each
+    (the last one shorter): the unit of resume, of a shard's share and of the plan."""
+    return [(i, s, min(s + part_size, rows)) for i, s in enumerate(range(0, rows, part_size))]

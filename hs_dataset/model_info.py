@@ -1,4 +1,5 @@
-"""The target model as a build sees it (its sizes, from config.json), and the layer ids it accepts.
+"""The target model as a build sees it (its sizes, from config.json; its weights' fingerprint), and the layer ids it
+accepts.
 
 Layer index convention
 ----------------------
@@ -21,14 +22,20 @@ through that method; the SGLang backend sets the captured positions itself (see
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import struct
 from dataclasses import asdict, dataclass
-from typing import Iterable
+from pathlib import Path
+from typing import Any, Iterable
+
+import xxhash
 
 from hs_dataset.errors import ConfigError, MissingPathError
 
-__all__ = ["LAYER_CONVENTION", "ModelInfo", "check_layers", "read_model_info", "target_of"]
+__all__ = ["LAYER_CONVENTION", "SAMPLES", "SAMPLE_BYTES", "WEIGHT_SUFFIXES", "ModelInfo", "check_layers",
+           "read_model_info", "target_of", "weights_fingerprint"]
 
 
 LAYER_CONVENTION = (
@@ -36,6 +43,10 @@ LAYER_CONVENTION = (
     "outputs.hidden_states[k+1] (k = L-1: the last layer's output before the final norm); "
     "final = post-norm last hidden state = HF last_hidden_state"
 )
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+SAMPLES = 8  # blocks per file: a copy of other weights differs in every block; 8 also see a partial overwrite
+SAMPLE_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -110,3 +121,41 @@ def target_of(model: str | ModelInfo, layers: Iterable[int], revision: str | Non
         return model, tuple(int(k) for k in layers)
     info = read_model_info(model, revision)
     return info, check_layers(layers, info)
+
+
+def _safetensors_header(f: Any, size: int) -> bytes:
+    if size < 8:
+        return b""
+    f.seek(0)
+    (n,) = struct.unpack("<Q", f.read(8))
+    return f.read(n) if 0 < n <= min(size - 8, 100 << 20) else b""
+
+
+def weights_fingerprint(model_dir: str | os.PathLike) -> str:
+    """The weights part of the model's fingerprint (the probe part: :mod:`hs_dataset.capture.fingerprint`) of a local
+    model directory; ``"none"``: it holds no weight file.
+
+    Hashing every weight byte would read the whole model (~600 GB at Kimi-K2.5's size) at every build start: per
+    weight file it takes its name, size, safetensors header and the xxh3 of :data:`SAMPLES` blocks of
+    :data:`SAMPLE_BYTES` spread over it, a few MiB for the whole model. Other weights copied over the same files
+    (same shapes) change the sampled bytes.
+
+    Raises:
+        OSError: a weight file cannot be read.
+    """
+    h = hashlib.sha256()
+    root = Path(model_dir)
+    files = sorted(p for p in root.rglob("*") if p.name.endswith(WEIGHT_SUFFIXES) and p.is_file()) \
+        if root.is_dir() else []
+    if not files:
+        return "none"
+    for p in files:
+        size = p.stat().st_size
+        h.update(f"{p.relative_to(root)}\0{size}\0".encode())
+        with open(p, "rb") as f:
+            if p.name.endswith(".safetensors"):
+                h.update(_safetensors_header(f, size))
+            for k in range(SAMPLES):
+                f.seek(max(0, (size - SAMPLE_BYTES) * k // max(1, SAMPLES - 1)))
+                h.update(xxhash.xxh3_64_digest(f.read(SAMPLE_BYTES)))
+    return "w:" + h.hexdigest()[:24]

@@ -2,79 +2,36 @@
 
 Hashing every weight byte would read the whole model at every build start; the fingerprint has two parts:
 
-* **weights** (:func:`weights_fingerprint`): per weight file of the model directory (``*.safetensors``,
-  ``*.bin``, ``*.pt``, ``*.pth``, ``*.gguf``) its name, size, safetensors header (names, dtypes, shapes,
-  offsets) and the xxh3 of :data:`SAMPLES` blocks of :data:`SAMPLE_BYTES` spread evenly over the file: a
-  few MiB read for the whole model. Other weights copied over the same files (same shapes) change the
-  sampled bytes; it is re-checked before every part is committed, so weights overwritten while a build runs
-  stop it (a model loaded through ``mmap`` would serve the new bytes to the later parts);
+* **weights** (:func:`hs_dataset.model_info.weights_fingerprint`, read with the model's ``config.json`` when a
+  build is resolved): its weight files' names, sizes, safetensors headers and sampled bytes; it is re-checked
+  before every part is committed, so weights overwritten while a build runs stop it;
 * **probe** (:func:`probe_fingerprint`): the captured states of :data:`PROBE_IDS`, a fixed token sequence
   run through the backend's own ``capture`` when the build starts it: a change of the weights the samples
   miss (one layer fine-tuned) changes the states. Any backend path (a start-up self-check included) can call
   it; a backend that cannot capture an arbitrary sample (an import's file reader) gives None.
 
 The build records both in ``.hs_build/build.json`` (a resume, a worker share and a merge whose fingerprint
-differs are refused, naming both: :func:`hs_dataset.write.resume.check_resume`) and in ``hs_dataset.json``
+differs are refused, naming both: :func:`hs_dataset.write.build_key.check_resume`) and in ``hs_dataset.json``
 (``model_fingerprint``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import struct
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from hs_dataset.records import CaptureResult, TokenizedSample
 
-__all__ = ["PROBE_IDS", "SAMPLES", "SAMPLE_BYTES", "WEIGHT_SUFFIXES", "describe", "probe_fingerprint", "probe_sample",
-           "same_probe", "weights_fingerprint"]
+__all__ = ["PROBE_IDS", "describe", "probe_fingerprint", "probe_sample", "same_probe"]
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-SAMPLES = 8  # blocks per file: a copy of other weights differs in every block; 8 also see a partial overwrite
-SAMPLE_BYTES = 1 << 16
 # A fixed token sequence (ids below every real vocabulary's size once taken modulo it): the same input for
 # every backend, no tokenizer involved.
 PROBE_IDS = tuple((7 + 131 * i) for i in range(16))
 # States of the same prompt on the same weights agree to bf16 rounding (GPU kernels need not be bit-exact
 # across starts); other weights move them by far more.
 PROBE_COSINE = 0.999
-
-
-def _safetensors_header(f: Any, size: int) -> bytes:
-    if size < 8:
-        return b""
-    f.seek(0)
-    (n,) = struct.unpack("<Q", f.read(8))
-    return f.read(n) if 0 < n <= min(size - 8, 100 << 20) else b""
-
-
-def weights_fingerprint(model_dir: str | os.PathLike) -> str:
-    """The weights part of the fingerprint of a local model directory (``"none"``: it holds no weight file).
-
-    Raises:
-        OSError: a weight file cannot be read.
-    """
-    h = hashlib.sha256()
-    root = Path(model_dir)
-    files = sorted(p for p in root.rglob("*") if p.name.endswith(WEIGHT_SUFFIXES) and p.is_file()) \
-        if root.is_dir() else []
-    if not files:
-        return "none"
-    for p in files:
-        size = p.stat().st_size
-        h.update(f"{p.relative_to(root)}\0{size}\0".encode())
-        with open(p, "rb") as f:
-            if p.name.endswith(".safetensors"):
-                h.update(_safetensors_header(f, size))
-            for k in range(SAMPLES):
-                f.seek(max(0, (size - SAMPLE_BYTES) * k // max(1, SAMPLES - 1)))
-                h.update(xxhash.xxh3_64_digest(f.read(SAMPLE_BYTES)))
-    return "w:" + h.hexdigest()[:24]
 
 
 def probe_sample(vocab_size: int) -> TokenizedSample:

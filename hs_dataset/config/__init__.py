@@ -6,7 +6,7 @@ answers a mistake at once); the ``datasets`` builder carries it in its own ``Bui
 ``Literal``s from :mod:`hs_dataset.layout`; each field's ``metadata["help"]`` is its one-line
 documentation, from which ``hs-dataset build --help`` lists the fields (so the two cannot drift).
 Fields in :data:`CONTENT_FIELDS` decide the rows: a resumed build refuses a change of any of them,
-except ``on_nonfinite`` from ``fail`` to ``reject`` (:data:`hs_dataset.write.resume.RESUMABLE_CHANGES`:
+except ``on_nonfinite`` from ``fail`` to ``reject`` (:data:`hs_dataset.write.build_key.RESUMABLE_CHANGES`:
 parts written under ``fail`` hold no non-finite state). The others (``backend_options``,
 ``max_samples``, ``writer_batch_bytes``, ``max_shard_bytes``, ``trust_remote_code``, ``tokenize_workers``,
 ``license``) may change between runs without changing a row already written.

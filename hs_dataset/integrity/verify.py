@@ -45,7 +45,7 @@ from hs_dataset.integrity.probe import ProbeReport
 from hs_dataset.integrity.quality import ProbeOptions, record_probe, recorded_probe_problems, run_checks
 from hs_dataset.integrity.scan import ScanReport
 from hs_dataset.layout import DATA_DIR, META_FILE, README_FILE, SHARD_RE, STATE_DIR
-from hs_dataset.write.resume import COMMAND_DIR_FILE
+from hs_dataset.write.build_key import COMMAND_DIR_FILE
 
 __all__ = ["ProbeOptions", "Problem", "VerifyReport", "check_files", "check_records", "check_listing", "damage_of",
            "data_files", "read_meta",

@@ -134,12 +134,14 @@ def load_skipped(state: Path, source: Source, config: HiddenStatesConfig, tokeni
 
 
 def skip_duplicates(samples: Iterable[tuple[int, TokenizedSample]], skip: Mapping[int, str],
-                    on_reject: Callable[[int, Reject], None]) -> Iterator[tuple[int, TokenizedSample]]:
-    """The ``(row, sample)`` stream of :func:`~hs_dataset.prepare.samples.tokenized_samples` without the
-    rows in ``skip``: each goes to ``on_reject`` as a reject of stage :data:`DUPLICATE_STAGE`."""
+                    on_reject: Callable[[int, Reject], None], on_kept: Callable[[int], None]) -> Iterator[TokenizedSample]:
+    """The samples a capture takes: the ``(row, sample)`` stream of
+    :func:`~hs_dataset.prepare.samples.tokenized_samples` without the rows in ``skip`` (each goes to ``on_reject`` as a
+    reject of stage :data:`DUPLICATE_STAGE`); each kept sample's row goes to ``on_kept`` before it is yielded."""
     for row, sample in samples:
         first = skip.get(row)
         if first is None:
-            yield row, sample
+            on_kept(row)
+            yield sample
         else:
             on_reject(row, duplicate_reject(sample.sample_id, first))

@@ -33,18 +33,18 @@ from typing import Any, Sequence
 from hs_dataset.atomic import atomic_write, fsync_dir, fsync_file, tmp_path
 from hs_dataset.write.finalize import finalize
 from hs_dataset.write.output import check_output, lock_output
-from hs_dataset.write.resolve import resolve_build
+from hs_dataset.write.resolve import ResolvedBuild, resolve_build
 from hs_dataset.capture.fingerprint import same_probe
-from hs_dataset.write.resume import check_resume, invalidate_finished, note_moving, part_ranges, part_record, recover
+from hs_dataset.write.build_key import check_resume
+from hs_dataset.write.resume import invalidate_finished, note_moving, part_record, recover
 from hs_dataset.write.shares import WorkerShare, read_share, share_dir, share_parts
 from hs_dataset.config import HiddenStatesConfig
-from hs_dataset.errors import HsDatasetError, ShareError
-from hs_dataset.redact import redact_command, redact_text
+from hs_dataset.errors import ShareError
+from hs_dataset.redact import redact_text
 from hs_dataset.integrity.damage import mark_damaged
 from hs_dataset.integrity.verify import check_files, damage_of
-from hs_dataset.layout import DATA_DIR, REDACTED_FILE, SHARE_FILE, SHARES_DIR, STATE_DIR
+from hs_dataset.layout import DATA_DIR, REDACTED_FILE, SHARE_FILE, SHARES_DIR, STATE_DIR, part_ranges
 from hs_dataset.model_info import ModelInfo
-from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.records import Counts
 from hs_dataset.scale.launchers import single_worker_command
 
@@ -74,20 +74,6 @@ class MergeSummary:
                     "system than the output; hard links need one)")
         return (f"merged {self.shares} shares ({self.parts} parts) into {self.output_dir}: {c.written} samples written, "
                 f"{c.rejected} rejected (of {c.samples_in}), {c.tokens_written} tokens; {how}, in {self.seconds:.1f}s")
-
-
-def _check_source_outside(text: str | None, out: Path) -> None:
-    """Refuse the shares' source inside ``out`` (where it is here; a merge may run without it).
-
-    Raises:
-        ForeignFilesError: it is.
-    """
-    try:
-        source = resolve_source(text) if text else None
-    except HsDatasetError:
-        return
-    if source is not None:
-        source.check_outside(out)
 
 
 def found_shares(out: str | os.PathLike) -> list[Path]:
@@ -134,16 +120,19 @@ def merge_shares(out: str | os.PathLike, share_dirs: Sequence[str | os.PathLike]
         first = _check_set(out, shares)
         records = _check_files(shares, full)
         state = out / STATE_DIR
+        # the shares' configuration resolved once (its source string parsed here, nowhere else), nothing touched
+        resolved = resolve_build(HiddenStatesConfig(**first["config"]), info=ModelInfo(**first["model"]),
+                                 build_command=build_command or None)
         check_output(out)  # an output that is not ours is refused untouched, and a source inside it
-        _check_source_outside(first["config"].get("source"), out)
+        assert resolved.source is not None, "resolved with its source (resolve_build)"
+        resolved.source.check_outside(out)
         (state / "parts").mkdir(parents=True, exist_ok=True)
         (out / DATA_DIR).mkdir(exist_ok=True)
         lock = lock_output(out, state)
         try:
-            # the shares recorded their command redacted already; one given here is redacted too
-            command = redact_command(build_command)[0] if build_command else single_worker_command(
-                first.get("build_command"))
-            return _assemble(out, shares, first, records, command, t0)
+            # the shares recorded their command redacted already; one given here is redacted by resolve_build
+            command = resolved.build_command or single_worker_command(first.get("build_command"))
+            return _assemble(out, shares, resolved, first, records, command, t0)
         finally:
             os.close(lock)
     finally:
@@ -247,7 +236,7 @@ def _place(src: Path, dst: Path) -> int:
     return copied
 
 
-def _assemble(out: Path, shares: list[tuple[Path, dict, Any]], first: dict[str, Any],
+def _assemble(out: Path, shares: list[tuple[Path, dict, Any]], resolved: ResolvedBuild, first: dict[str, Any],
               records: dict[int, tuple[dict, Path]], build_command: str | None, t0: float) -> MergeSummary:
     state = out / STATE_DIR
     check_resume(state, shares[0][2])
@@ -272,6 +261,5 @@ def _assemble(out: Path, shares: list[tuple[Path, dict, Any]], first: dict[str, 
     if done != set(range(len(parts))):
         raise RuntimeError(f"{out}: parts {sorted(set(range(len(parts))) - done)} did not survive the merge; "
                            "this is a bug in hs_dataset: run the merge again")
-    resolved = resolve_build(HiddenStatesConfig(**first["config"]), info=ModelInfo(**first["model"]))
     counts = finalize(resolved, out, state, parts, None, build_command)
     return MergeSummary(str(out), counts, len(shares), len(parts), linked, copied, copied_bytes, time.time() - t0)

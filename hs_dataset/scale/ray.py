@@ -30,6 +30,7 @@ from hs_dataset.write.shares import WorkerShare, count_parts, share_dir
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import BackendError, ConfigError, ShareError
 from hs_dataset.layout import STATE_DIR
+from hs_dataset.prepare.source_spec import resolve_source
 from hs_dataset.scale.launchers import worker_resources
 from hs_dataset.scale.merge import MergeSummary, merge_shares
 from hs_dataset.scale.worker import build_share
@@ -88,7 +89,8 @@ def build_with_ray(config: HiddenStatesConfig, out: str | os.PathLike, *, addres
             raise ConfigError(f"one engine needs {gpus:g} GPUs and {cpus:g} CPUs; the Ray cluster has "
                               f"{total.get('GPU', 0):g} GPUs and {total.get('CPU', 0):g} CPUs")
         fits = int(total["GPU"] // gpus) if gpus else int(total["CPU"] // cpus)
-        n_parts = count_parts(config)
+        n_parts = count_parts(resolve_source(config.source), config)  # the launcher's one resolve; each share
+        # build resolves the source again in its own process
         count = workers or max(1, min(fits, n_parts))
         log(f"hs-dataset: {count} shares as Ray tasks ({cpus:g} CPU, {gpus:g} GPU each; {fits} at once)")
         task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries,  # type: ignore[call-overload]

@@ -35,7 +35,7 @@ from hs_dataset.prepare.duplicates import skip_duplicates
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.prepare.workers import TokenizeWorkers
 from hs_dataset.prepare.tags import tag_dtypes
-from hs_dataset.records import Counts, Reject, TokenizedSample
+from hs_dataset.records import Counts, Reject
 
 __all__ = ["HiddenStatesBuilder", "HiddenStatesBuilderConfig", "writer_batch_rows"]
 
@@ -155,22 +155,21 @@ class HiddenStatesBuilder(datasets.ArrowBasedBuilder):
                 del item  # before the next one is awaited (a windowed region's piece)
             return
 
-        def counted() -> Iterator[TokenizedSample]:
-            def reject(_index: int, r: Reject) -> None:
-                self.counts.samples_in += 1
-                self._reject(r)
+        def reject(_index: int, r: Reject) -> None:
+            self.counts.samples_in += 1
+            self._reject(r)
 
-            r = self.resolved
-            assert r.source is not None, "resolved with its source (resolve_build)"
-            for _, sample in skip_duplicates(tokenized_samples(r.source, r.config, r.tokenizer, r.vocab_size, [(start, stop)],
-                                                               reject, generator=backend, workers=self._workers),
-                                             r.duplicate_rows, reject):
-                self.counts.samples_in += 1
-                yield sample
+        def kept(_index: int) -> None:
+            self.counts.samples_in += 1
 
         r = self.resolved
-        yield from start_capture(backend, counted(), r.storage_dtype, row_tokens=r.row_tokens,
-                                 max_tokens=r.config.max_length, teacher_k=r.teacher_k, final=r.config.store_final)
+        assert r.source is not None, "resolved with its source (resolve_build)"
+        yield from start_capture(backend, skip_duplicates(tokenized_samples(r.source, r.config, r.tokenizer, r.vocab_size,
+                                                                            [(start, stop)], reject, generator=backend,
+                                                                            workers=self._workers),
+                                                          r.duplicate_rows, reject, kept),
+                                 r.storage_dtype, row_tokens=r.row_tokens, max_tokens=r.config.max_length,
+                                 teacher_k=r.teacher_k, final=r.config.store_final)
 
     def _generate_tables(self, start: int, stop: int | None) -> Generator[tuple[Key, Any], None, None]:
         cfg = self.resolved.config

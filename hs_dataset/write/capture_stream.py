@@ -10,7 +10,7 @@ from hs_dataset.capture.base import BackendItem, CaptureBackend, start_capture
 from hs_dataset.prepare.duplicates import skip_duplicates
 from hs_dataset.prepare.samples import tokenized_samples
 from hs_dataset.prepare.workers import TokenizeWorkers
-from hs_dataset.records import CaptureResult, Reject, TokenizedSample
+from hs_dataset.records import CaptureResult, Reject
 
 __all__ = ["CaptureStream"]
 
@@ -32,19 +32,15 @@ class CaptureStream:
         self._order: deque[int] = deque()  # source row index of every submitted sample, in order
         self._early_rejects: dict[int, Reject] = {}
 
-        def samples() -> Iterator[TokenizedSample]:
-            r = resolved
-            assert r.source is not None, "resolved with its source (resolve_build)"
-            early = self._early_rejects.__setitem__
-            for index, sample in skip_duplicates(tokenized_samples(r.source, r.config, r.tokenizer, r.vocab_size, list(ranges),
-                                                                   early, generator=backend, workers=workers),
-                                                 r.duplicate_rows, early):
-                self._order.append(index)
-                yield sample
-
-        self._it = start_capture(backend, samples(), resolved.storage_dtype, row_tokens=resolved.row_tokens,
-                                 max_tokens=resolved.config.max_length, teacher_k=resolved.teacher_k,
-                                 final=resolved.config.store_final)
+        r = resolved
+        assert r.source is not None, "resolved with its source (resolve_build)"
+        early = self._early_rejects.__setitem__
+        self._it = start_capture(backend, skip_duplicates(tokenized_samples(r.source, r.config, r.tokenizer, r.vocab_size,
+                                                                            list(ranges), early, generator=backend,
+                                                                            workers=workers),
+                                                          r.duplicate_rows, early, self._order.append),
+                                 r.storage_dtype, row_tokens=r.row_tokens, max_tokens=r.config.max_length,
+                                 teacher_k=r.teacher_k, final=r.config.store_final)
         self._next: tuple[int, BackendItem] | None = None
 
     def take(self, start: int, stop: int) -> Iterator[BackendItem]:

@@ -22,11 +22,10 @@ from typing import get_args
 
 from hs_dataset.write.progress import RowProgress
 from hs_dataset.write.resolve import resolve_build, start_tokenize_workers
-from hs_dataset.write.resume import part_ranges
 from hs_dataset.capture.options import check_backend_options
 from hs_dataset.codec.encode import bytes_per_token
 from hs_dataset.config import GenerationOptions, HiddenStatesConfig
-from hs_dataset.layout import StorageDtype
+from hs_dataset.layout import StorageDtype, part_ranges
 from hs_dataset.model_info import ModelInfo
 from hs_dataset.prepare.duplicates import DuplicateIndex, duplicate_reject, token_digests
 from hs_dataset.prepare.samples import tokenized_samples

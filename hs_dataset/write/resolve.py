@@ -1,7 +1,7 @@
-"""Resolve once, pass down: one build's configuration with the model read, the layers checked, the
-tokenizer loaded and the source resolved, made once at the start of a build and handed to the builder, the
-backend, the plan and the final step (none of them reads ``config.json``, loads the tokenizer or parses the
-source string again).
+"""Resolve once, pass down: a build's configuration with the model read (sizes, weights' fingerprint), the layers
+checked, the tokenizer loaded, the source resolved, and what the build records worked out (redacted): pure data, made
+before anything is written and handed down (nothing below reads ``config.json``, loads the tokenizer, parses the
+source string or redacts again).
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from hs_dataset.codec.limits import max_row_tokens
 from hs_dataset.config import HiddenStatesConfig
-from hs_dataset.layout import StorageDtype, parse_teacher
-from hs_dataset.model_info import ModelInfo, check_layers, read_model_info
+from hs_dataset.layout import StorageDtype, parse_teacher, part_ranges
+from hs_dataset.model_info import ModelInfo, check_layers, read_model_info, weights_fingerprint
 from hs_dataset.prepare.duplicates import load_skipped
 from hs_dataset.prepare.source_spec import Source, resolve_source
 from hs_dataset.prepare.tokenizer import load_tokenizer, tokenizer_record
 from hs_dataset.prepare.workers import TokenizeWorkers, tokenize_processes, tokenizer_identity
+from hs_dataset.redact import Found, redact, redact_command
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -43,6 +44,11 @@ class ResolvedBuild:
             which may run where the source is not).
         state: the build's state folder, which keeps the duplicates found (:attr:`duplicate_rows`; None: a
             resolve that builds nothing, and leaves none out).
+        key, rows, parts: with ``state``: the content key recorded in ``build.json`` (the configuration's, the
+            source's and the weights' fingerprints, the model's sizes), the source rows read (at most
+            ``max_samples``) and their parts (:func:`~hs_dataset.layout.part_ranges`).
+        config_record, build_command: the configuration and the command line as recorded (redacted).
+        secrets: the values redacted from both, whose salted digests the build keeps for push's scan.
     """
 
     config: HiddenStatesConfig
@@ -52,6 +58,12 @@ class ResolvedBuild:
     tokenizer_record: dict[str, Any]
     source: Source | None = field(default=None, repr=False)
     state: Path | None = None
+    key: dict[str, Any] | None = field(default=None, repr=False)
+    parts: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+    rows: int = 0
+    config_record: dict[str, Any] = field(default_factory=dict, repr=False)
+    build_command: str | None = None
+    secrets: Found = field(default_factory=list, repr=False)
 
     @cached_property
     def duplicate_rows(self) -> Mapping[int, str]:
@@ -61,8 +73,7 @@ class ResolvedBuild:
         if self.state is None or self.config.duplicates != "skip":
             return {}
         assert self.source is not None, "a build resolves its source"
-        return load_skipped(self.state, self.source, self.config, self.tokenizer, self.vocab_size,
-                            self.source.rows_to_build(self.config.max_samples))
+        return load_skipped(self.state, self.source, self.config, self.tokenizer, self.vocab_size, self.rows)
 
     @property
     def storage_dtype(self) -> StorageDtype:
@@ -96,10 +107,11 @@ class ResolvedBuild:
 
 
 def resolve_build(config: HiddenStatesConfig, *, info: ModelInfo | None = None, state: Path | None = None,
-                  with_source: bool = True) -> ResolvedBuild:
+                  with_source: bool = True, build_command: str | None = None) -> ResolvedBuild:
     """Resolve the source (its string parsed once: :func:`~hs_dataset.prepare.source_spec.resolve_source`), load
-    the tokenizer, read the model's ``config.json`` (unless ``info`` is given: a started backend's), check the layers.
-    The source's rows and fingerprint, and the duplicates, are worked out on first use.
+    the tokenizer, read the model's ``config.json`` (unless ``info`` is given: a started backend's), check the layers;
+    for a build (``state``), work out its content key (the source's fingerprint and the weights' read here).
+    Without ``state`` the source's rows and fingerprint, and the duplicates, are worked out on first use.
 
     Args:
         config: the build's configuration.
@@ -107,6 +119,7 @@ def resolve_build(config: HiddenStatesConfig, *, info: ModelInfo | None = None, 
         state: the build's state folder ``OUT/.hs_build``: the source is refused inside ``OUT``, and the duplicates
             found are kept there (:attr:`ResolvedBuild.duplicate_rows`; None: no duplicate is left out).
         with_source: False: leave the source out (a probe, which may run where the source is not).
+        build_command: the command line to record (redacted here).
 
     Raises:
         MissingPathError: no ``config.json`` in the model directory, or no source.
@@ -124,7 +137,19 @@ def resolve_build(config: HiddenStatesConfig, *, info: ModelInfo | None = None, 
     tokenizer = load_tokenizer(path, trust_remote_code=config.trust_remote_code)
     record = tokenizer_record(tokenizer, path, trust_remote_code=config.trust_remote_code)
     layers = check_layers(config.layers, info)
-    return ResolvedBuild(config, info, layers, tokenizer, record, source, state)
+    config_record, secrets = redact(config.to_dict())
+    if build_command is not None:
+        build_command, more = redact_command(build_command)
+        secrets += more
+    key, rows = None, 0
+    if state is not None and source is not None:
+        key = dict(config.content_key(), source_fingerprint=source.fingerprint, hidden_size=info.hidden_size,
+                   num_layers=info.num_layers, model_weights=weights_fingerprint(info.path))
+        key = redact(key)[0]  # local records hold no credential either
+        rows = source.rows_to_build(config.max_samples)
+    return ResolvedBuild(config, info, layers, tokenizer, record, source, state, key=key,
+                         parts=part_ranges(rows, config.part_size), rows=rows, config_record=config_record,
+                         build_command=build_command, secrets=secrets)
 
 
 def start_tokenize_workers(resolved: ResolvedBuild, rows: int) -> TokenizeWorkers | None:

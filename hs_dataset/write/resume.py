@@ -1,4 +1,5 @@
-"""The crash-safe state of a build: part records, recovery after a kill, and the resume checks.
+"""The crash-safe state of a build: part records and recovery after a kill (the content key a resume checks is
+:mod:`hs_dataset.write.build_key`).
 
 A *part* is a fixed range of ``part_size`` source rows. A part's record
 (``.hs_build/parts/part-PPPPP.json``, written atomically after its shards are in ``data/``) is the
@@ -23,39 +24,22 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from hs_dataset.atomic import atomic_write, fsync_dir
 from hs_dataset.write.output import OUT_FILES, foreign, ours_tmp
-from hs_dataset.errors import ConfigMismatchError, ForeignFilesError
+from hs_dataset.errors import ForeignFilesError
 from hs_dataset.integrity.checksums import check_shard
 from hs_dataset.integrity.damage import damaged_parts
-from hs_dataset.capture.fingerprint import describe, same_probe
-from hs_dataset.redact import redact_text
 from hs_dataset.records import Counts
 from hs_dataset.layout import DAMAGED_FILE, DATA_DIR, META_FILE, README_FILE, REJECTS_FILE, SHARD_RE
 
-__all__ = ["COMMAND_DIR_FILE", "FINGERPRINT_FIELDS", "RESUMABLE_CHANGES", "check_resume", "check_shrink", "full_check",
-           "invalidate_finished", "note_moving", "part_files", "part_ranges", "part_record", "record_command_dir",
-           "recover"]
+__all__ = ["full_check", "invalidate_finished", "note_moving", "part_files", "part_record",
+           "recorded_rows", "recover"]
 
 logger = logging.getLogger(__name__)
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def part_record(state: Path, i: int) -> Path:
@@ -110,8 +94,6 @@ def _invalid(r: dict[str, Any] | None, plan: dict[int, tuple[int, int]], data: P
     if rows != Counts.rows_of(r["counts"]) or "written" not in r["counts"]:
         return f"its shards hold {rows} rows, its record counts {Counts.rows_of(r['counts'])}"
     return None
-
-
 
 
 def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[int]:
@@ -191,8 +173,6 @@ def recover(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> set[in
     return done
 
 
-
-
 def invalidate_finished(out: Path, state: Path) -> None:
     """Before ``data/`` changes, remove the files that mark a finished build (hs_dataset.json first).
 
@@ -206,96 +186,11 @@ def invalidate_finished(out: Path, state: Path) -> None:
     fsync_dir(out)
 
 
-
-
-
-
-# Content fields that may still change on resume, (from, to): rows already written stay right.
-# on_nonfinite fail -> reject: a part written under "fail" holds no non-finite state (it would have
-# stopped the build), so it is what "reject" would have written.
-RESUMABLE_CHANGES: dict[str, set[tuple[Any, Any]]] = {"on_nonfinite": {("fail", "reject")}}
-
-
-# In STATE_DIR: the folder the build command ran in, so that the repair command verify prints runs from anywhere.
-COMMAND_DIR_FILE = "command_dir.json"
-
-
-def record_command_dir(state: Path) -> None:
-    """Record this process's working folder (the build command's relative paths are relative to it)."""
-    atomic_write(state / COMMAND_DIR_FILE, json.dumps({"cwd": os.getcwd()}))
-
-
-# The model's fingerprint (hs_dataset.capture.fingerprint): recorded when a build first knows it (builds made before
-# it existed, and the probe, known once the backend runs), compared whenever both sides have it.
-FINGERPRINT_FIELDS = ("model_weights", "model_probe")
-
-
-def check_resume(state: Path, key: dict[str, Any]) -> None:
-    """Refuse to resume a build whose content key (``build.json``) differs from ``key``, except for
-    the changes in :data:`RESUMABLE_CHANGES`, which are recorded and allowed.
-
-    The model's fingerprint (:data:`FINGERPRINT_FIELDS`) missing on one side is recorded; on both sides it must
-    match (the probe's states to bf16 rounding: :func:`hs_dataset.capture.fingerprint.same_probe`).
-
-    Raises:
-        ConfigMismatchError: another configuration, or another model's fingerprint (naming both).
-    """
-    path = state / "build.json"
-    if not path.exists():
-        atomic_write(path, json.dumps(key, indent=1, sort_keys=True))
-        return
-    old = json.loads(path.read_text())
-    _check_fingerprint(state, old, key)
-    key = {**{k: old[k] for k in FINGERPRINT_FIELDS if k in old}, **key}
-    if key.get("model_probe") and old.get("model_probe"):
-        key["model_probe"] = old["model_probe"]  # the same (checked above): the first one stays the reference
-    if old != key:
-        diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
-        if all((old.get(k), key.get(k)) in RESUMABLE_CHANGES.get(k, ()) or k in FINGERPRINT_FIELDS for k in diff):
-            changed = [k for k in diff if k not in FINGERPRINT_FIELDS]
-            if changed:
-                logger.warning("hs_dataset: resuming %s with %s", state.parent,
-                               ", ".join(f"{k} {old.get(k)!r} -> {key.get(k)!r}" for k in changed))
-            atomic_write(path, json.dumps(key, indent=1, sort_keys=True))
-            return
-        details = redact_text("; ".join(f"{k}: {old.get(k)!r} -> {key.get(k)!r}" for k in diff))[0]
-        raise ConfigMismatchError(
-            f"{state.parent} holds a build made with another configuration ({details}). Refusing to mix "
-            "rows: use a new --output directory, or delete this one to start over.")
-
-
-def _check_fingerprint(state: Path, old: dict[str, Any], key: dict[str, Any]) -> None:
-    weights = [old.get("model_weights"), key.get("model_weights")]
-    probes = [old.get("model_probe"), key.get("model_probe")]
-    same = (None in weights or weights[0] == weights[1]) and \
-        (None in probes or same_probe(probes[0], probes[1]))  # type: ignore[arg-type]
-    if not same:
-        raise ConfigMismatchError(
-            f"{state.parent} holds rows of another model: fingerprint {describe(old)} there, {describe(key)} now "
-            f"(the weights in {key.get('model', old.get('model'))} changed?). Refusing to mix two models in one "
-            "build: use a new --output directory, or delete this one to start over.")
-
-
-def part_ranges(rows: int, part_size: int) -> list[tuple[int, int, int]]:
-    """The parts of a build of ``rows`` source rows: ``(index, first row, end row)``, ``part_size`` rows each
-    (the last one shorter): the unit of resume, of a shard's share and of the plan."""
-    return [(i, s, min(s + part_size, rows)) for i, s in enumerate(range(0, rows, part_size))]
-
-
-def check_shrink(out: Path, state: Path, rows: int, allow: bool) -> None:
-    """Refuse a build of ``rows`` source rows where the directory holds rows beyond them (``max_samples``
-    lowered): :func:`recover` would delete those parts. ``allow`` lets it (the rows beyond go).
-
-    Raises:
-        ConfigMismatchError: a part record ends after ``rows`` and ``allow`` is False.
-    """
-    if allow:
-        return
-    ends = [int(r["stop"]) for r in map(_read_record, sorted((state / "parts").glob("part-*.json"))) if r is not None]
-    if ends and max(ends) > rows:
-        raise ConfigMismatchError(
-            f"{out} holds {max(ends)} source rows, this build {rows} (max_samples lowered?): refusing to delete the "
-            f"rows beyond {rows}. Raise max_samples back, use a new --output, or pass --allow-shrink to delete them.")
+def recorded_rows(state: Path) -> int:
+    """The source rows the readable part records of ``state`` reach (0: none): a build of fewer rows would have
+    :func:`recover` delete the parts beyond them."""
+    return max((int(r["stop"]) for r in map(_read_record, sorted((state / "parts").glob("part-*.json")))
+                if r is not None), default=0)
 
 
 def full_check(out: Path, state: Path, parts: list[tuple[int, int, int]]) -> dict[int, str]:

@@ -3,8 +3,9 @@
 A build split over N workers gives part ``p`` to share ``p % N`` (:func:`share_parts`). Each share
 is its own resumable build in ``OUT/.hs_build/shares/share-IIIII-of-NNNNN/``, whose
 ``.hs_build/share.json`` records which share it is, the whole plan, the model, layers, configuration
-(redacted) and command, and ``done`` once every part is recorded (:func:`begin_share`,
-:func:`finish_share`, called by the build driver). :mod:`hs_dataset.scale` runs the workers and
+(redacted) and command (:func:`share_record`, written when the build begins:
+:func:`hs_dataset.write.build_key.begin_build`), and ``done`` once every part is recorded
+(:func:`finish_share`). :mod:`hs_dataset.scale` runs the workers and
 merges the shares.
 """
 
@@ -18,16 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from hs_dataset.atomic import atomic_write
-from hs_dataset.write.resume import part_ranges, part_record
+from hs_dataset.write.resume import part_record
 from hs_dataset.config import HiddenStatesConfig
 from hs_dataset.errors import ConfigError, ConfigMismatchError
-from hs_dataset.redact import redact
-from hs_dataset.layout import SHARE_FILE, SHARES_DIR, STATE_DIR, share_dir_name
-from hs_dataset.model_info import ModelInfo
-from hs_dataset.prepare.source_spec import resolve_source
+from hs_dataset.layout import SHARE_FILE, SHARES_DIR, STATE_DIR, part_ranges, share_dir_name
+from hs_dataset.prepare.source_spec import Source
 from hs_dataset.records import Counts
+from hs_dataset.write.resolve import ResolvedBuild
 
-__all__ = ["WorkerShare", "begin_share", "count_parts", "finish_share", "read_share", "share_dir", "share_parts"]
+__all__ = ["WorkerShare", "count_parts", "finish_share", "read_share", "share_dir", "share_parts", "share_record"]
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,10 @@ def share_parts(n_parts: int, workers: int) -> list[list[int]]:
     return [list(range(i, n_parts, workers)) for i in range(workers)]
 
 
-def count_parts(config: HiddenStatesConfig) -> int:
-    """How many parts a build of ``config`` has (its source's rows, at most ``max_samples``, per ``part_size``)."""
-    return len(part_ranges(resolve_source(config.source).rows_to_build(config.max_samples), config.part_size))
+def count_parts(source: Source, config: HiddenStatesConfig) -> int:
+    """How many parts a build of ``config`` from its resolved ``source`` has (the source's rows, at most
+    ``max_samples``, per ``part_size``)."""
+    return len(part_ranges(source.rows_to_build(config.max_samples), config.part_size))
 
 
 def share_dir(out: str | os.PathLike, spec: WorkerShare) -> Path:
@@ -84,14 +85,14 @@ def read_share(path: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
-def begin_share(state: Path, spec: WorkerShare, parts: list[tuple[int, int, int]], rows: int,
-                config: HiddenStatesConfig, info: ModelInfo, layers: tuple[int, ...],
-                build_command: str | None) -> list[tuple[int, int, int]]:
-    """Record the share and the whole plan in ``state/share.json`` (not done) -> this share's parts.
+def share_record(state: Path, spec: WorkerShare, resolved: ResolvedBuild) -> tuple[list[tuple[int, int, int]], dict]:
+    """-> this share's parts of the build, and the record of the share that ``state/share.json`` keeps (not done):
+    which share, the whole plan, the build's model, layers, configuration and command (redacted). Nothing is written.
 
     Raises:
         ConfigMismatchError: the folder holds another share (another index or count).
     """
+    parts = resolved.parts
     mine = set(share_parts(len(parts), spec.count)[spec.index])
     old = read_share(state.parent)
     if old is not None and old["share"] != {"index": spec.index, "count": spec.count}:
@@ -99,11 +100,10 @@ def begin_share(state: Path, spec: WorkerShare, parts: list[tuple[int, int, int]
                                   f"{old['share'].get('count')}, not {spec.index} of {spec.count}: use the output of "
                                   "that split, or a new --output")
     record = {"share": {"index": spec.index, "count": spec.count},
-              "plan": {"parts": len(parts), "rows": rows, "part_size": config.part_size},
-              "parts": sorted(mine), "done": False, "model": info.to_dict(), "layers": list(layers),
-              "config": redact(config.to_dict())[0], "build_command": build_command}
-    atomic_write(state / SHARE_FILE, json.dumps(record, indent=1))
-    return [p for p in parts if p[0] in mine]
+              "plan": {"parts": len(parts), "rows": resolved.rows, "part_size": resolved.config.part_size},
+              "parts": sorted(mine), "done": False, "model": resolved.info.to_dict(), "layers": list(resolved.layers),
+              "config": resolved.config_record, "build_command": resolved.build_command}
+    return [p for p in parts if p[0] in mine], record
 
 
 def finish_share(state: Path, parts: list[tuple[int, int, int]]) -> Counts:

@@ -1,5 +1,6 @@
-"""A changed model is never mixed into one build: the fingerprint of hs_dataset.capture.fingerprint (weight files'
-sizes, safetensors headers, sampled bytes, and the probe prompt's captured states) refuses a resume, a worker share
+"""A changed model is never mixed into one build: the model's fingerprint (hs_dataset.model_info's of the weight files'
+sizes, safetensors headers, sampled bytes; hs_dataset.capture.fingerprint's of the probe prompt's captured states,
+both checked by hs_dataset.write.build_key) refuses a resume, a worker share
 and a merge of other weights with the same shapes, and weights overwritten while a build runs stop it."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from hs_dataset.capture.transformers import TransformersBackend
 from hs_dataset.demo.tiny import make_tiny_model_dir
 from hs_dataset.errors import ConfigMismatchError, ShareError
 from hs_dataset.layout import META_FILE, STATE_DIR
-from hs_dataset.capture.fingerprint import probe_fingerprint, same_probe, weights_fingerprint
+from hs_dataset.capture.fingerprint import probe_fingerprint, same_probe
+from hs_dataset.model_info import weights_fingerprint
 from hs_dataset.scale.merge import merge_shares
 from hs_dataset.scale.worker import build_share
 from hs_dataset.write.driver import build
