@@ -154,16 +154,15 @@ class SafeViews:
 
     def _check(self, where: Any, nbytes: int, private: "_PrivateMapping | None" = None) -> None:
         """Check the shard blocks under the value (:mod:`hs_dataset.read.shard_checks`), hashing them from the
-        private mapping just made (its pages are the value's), else from the Arrow mapping or the file."""
+        private mapping just made (its pages are the value's), else from the Arrow mapping of the shard (a block's
+        edge beyond the value: the same page-cache pages, no copy), else from the file."""
         k, fd, offset, size = where
         start, (end, file_off, inode, path) = self._starts[k], self._ranges[k]
 
         def memory(lo: int, n: int) -> Any:
             if private is not None and private.holds(lo, n):
                 return private.buffer(lo, n)
-            if private is not None and fd is not _COPY:  # a block's edge beyond the value: read, not mapped
-                return os.pread(fd, n, lo)
-            if file_off <= lo and lo + n <= file_off + end - start:
+            if file_off <= lo and lo + n <= file_off + end - start:  # the Arrow mapping (a block's edge too)
                 return (ctypes.c_char * n).from_address(start + lo - file_off)
             return None if fd is _COPY else os.pread(fd, n, lo)
         self.checks.check(os.fsdecode(path), inode, offset, nbytes, memory, size)
