@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from hs_dataset.errors import IntegrityError
 from hs_dataset.read import TORCH_FORMAT, DrafterCollator, iter_torch, open_dataset
 from hs_dataset.integrity.checksums import BLOCK_BYTES, BLOCK_SIZE_KEY, BLOCKS_KEY
-from hs_dataset.read.safe_views import MIN_MAP_BYTES
+from hs_dataset.read.safe_views import MIN_MAP_BYTES, _PrivateMapping
 from hs_dataset.read.shard_checks import CHECK_ENV
 from hs_dataset.read.windows import iter_windows
 from hs_dataset.write.driver import build
@@ -161,7 +161,7 @@ def test_a_flip_in_a_block_beyond_the_value_read_is_refused(tmp_path, monkeypatc
     out = random_build(tmp_path, samples=3, tokens=1000, hidden=528, part_size=4)  # 1,056,000-byte values
     shard = out / "data" / "train-00000-000.arrow"
     col = next(c for c in open_dataset(out).column_names if c.startswith("hidden_"))
-    value = next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col]
+    value = next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col].clone()  # maps no page
     raw = bytes(value.contiguous().view(torch.uint8).numpy())
     data = shard.read_bytes()
     at = data.find(raw)
@@ -172,9 +172,15 @@ def test_a_flip_in_a_block_beyond_the_value_read_is_refused(tmp_path, monkeypatc
     with monkeypatch.context() as m:  # the edge is hashed where the shard is mapped, not read into a copy
         m.setattr(os, "pread", lambda *a: pytest.fail("a block's edge was copied with os.pread"))
         assert torch.equal(next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col], value)
+        m.setattr(_PrivateMapping, "cached", lambda self: False)  # as from the disk: read in on a thread, hashed
+        assert torch.equal(next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col], value)
     flip_in_place(shard, edge)
     block = f"{shard.name}: block {edge // BLOCK_BYTES} "
-    with pytest.raises(IntegrityError, match=block):
-        next(iter_torch(open_dataset(out).select([1]), batch_size=1))  # read ahead: populated, then hashed
+    for cold in (False, True):
+        with monkeypatch.context() as m:
+            if cold:
+                m.setattr(_PrivateMapping, "cached", lambda self: False)
+            with pytest.raises(IntegrityError, match=block):
+                next(iter_torch(open_dataset(out).select([1]), batch_size=1))  # read ahead: read in and hashed
     with pytest.raises(IntegrityError, match=block):
         open_dataset(out).with_format(TORCH_FORMAT)[1]
