@@ -26,6 +26,7 @@ import mmap
 import os
 import re
 import sys
+import threading
 import warnings
 from typing import Any
 
@@ -47,7 +48,8 @@ _libc: Any = None
 
 
 def _load_libc() -> Any:
-    """libc with ``mmap``, ``munmap`` and ``madvise`` typed, or False off Linux (ctypes calls release the GIL)."""
+    """libc with ``mmap``, ``munmap``, ``madvise`` and ``mincore`` typed, or False off Linux (ctypes calls release
+    the GIL)."""
     global _libc
     if _libc is None:
         _libc = False
@@ -59,6 +61,7 @@ def _load_libc() -> Any:
                                       ctypes.c_int64]
                 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
                 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
                 _libc = libc
             except (OSError, AttributeError):
                 pass
@@ -102,6 +105,12 @@ class _PrivateMapping:
             return
         for a in range(self._addr, self._addr + self._len, _WILLNEED_CHUNK):  # Linux < 5.14: ask for read-ahead
             madvise(a, min(_WILLNEED_CHUNK, self._addr + self._len - a), _MADV_WILLNEED)
+
+    def cached(self) -> bool:
+        """Whether the last page is in the page cache (the value was read before: its pages come from memory)."""
+        last = self._addr + (self._len - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        vec = ctypes.c_ubyte(0)
+        return _load_libc().mincore(last, 1, ctypes.byref(vec)) == 0 and bool(vec.value & 1)
 
     def __del__(self) -> None:
         if getattr(self, "_munmap", None) is not None:
@@ -154,19 +163,36 @@ class SafeViews:
 
     def _check(self, where: Any, nbytes: int, private: "_PrivateMapping | None" = None) -> None:
         """Check the shard blocks under the value (:mod:`hs_dataset.read.shard_checks`), hashing them from the
-        private mapping just made (its pages are the value's), else from the Arrow mapping or the file."""
+        private mapping just made (its pages are the value's), else from the Arrow mapping of the shard (a block's
+        edge beyond the value: the same page-cache pages, no copy), else from the file."""
         k, fd, offset, size = where
         start, (end, file_off, inode, path) = self._starts[k], self._ranges[k]
 
         def memory(lo: int, n: int) -> Any:
             if private is not None and private.holds(lo, n):
                 return private.buffer(lo, n)
-            if private is not None and fd is not _COPY:  # a block's edge beyond the value: read, not mapped
-                return os.pread(fd, n, lo)
-            if file_off <= lo and lo + n <= file_off + end - start:
+            if file_off <= lo and lo + n <= file_off + end - start:  # the Arrow mapping (a block's edge too)
                 return (ctypes.c_char * n).from_address(start + lo - file_off)
             return None if fd is _COPY else os.pread(fd, n, lo)
         self.checks.check(os.fsdecode(path), inode, offset, nbytes, memory, size)
+
+    def _populate_and_check(self, m: _PrivateMapping, where: Any, nbytes: int) -> None:
+        """Read the value's pages in (``populate``) and check its blocks. A value that the disk reads is read in on
+        a thread of its own while this one hashes the blocks already there, so the hash runs while the disk reads
+        (``benchmarks/verified_reads.py`` without ``--hot``); from the page cache reading in is quick: done first."""
+        if not self.populate:
+            self._check(where, nbytes, m)
+            return
+        if not self.checks.enabled or m.cached():
+            m.populate()
+            self._check(where, nbytes, m)
+            return
+        reading = threading.Thread(target=m.populate, name="hs_dataset-populate", daemon=True)
+        reading.start()
+        try:
+            self._check(where, nbytes, m)
+        finally:
+            reading.join()
 
     @staticmethod
     def _open(path: bytes, inode: int) -> Any:
@@ -199,9 +225,7 @@ class SafeViews:
             except OSError:  # e.g. vm.max_map_count reached: copy instead
                 pass
             else:
-                if self.populate:
-                    m.populate()
-                self._check(where, arr.nbytes, m)
+                self._populate_and_check(m, where, arr.nbytes)
                 return torch.from_numpy(np.asarray(m)).view(arr.shape)
         self._check(where, arr.nbytes)
         return torch.from_numpy(arr.copy())

@@ -18,11 +18,12 @@ from torch.utils.data import DataLoader
 
 from hs_dataset.errors import IntegrityError
 from hs_dataset.read import TORCH_FORMAT, DrafterCollator, iter_torch, open_dataset
-from hs_dataset.integrity.checksums import BLOCK_SIZE_KEY, BLOCKS_KEY
+from hs_dataset.integrity.checksums import BLOCK_BYTES, BLOCK_SIZE_KEY, BLOCKS_KEY
+from hs_dataset.read.safe_views import MIN_MAP_BYTES, _PrivateMapping
 from hs_dataset.read.shard_checks import CHECK_ENV
 from hs_dataset.read.windows import iter_windows
 from hs_dataset.write.driver import build
-from tests.fixtures.builds import config
+from tests.fixtures.builds import config, random_build
 
 DAMAGED = "train-00002-000.arrow"
 
@@ -151,3 +152,35 @@ def test_a_build_of_format_1_is_hashed_whole_at_open(ref, tmp_path):
     flip_in_place(out / "data" / DAMAGED, 1000)
     with pytest.raises(IntegrityError, match=f"{DAMAGED}: its content hash differs from the xxh3_128"):
         open_dataset(out)
+
+
+def test_a_flip_in_a_block_beyond_the_value_read_is_refused(tmp_path, monkeypatch):
+    """Values of 1 MiB and more are mapped privately (hs_dataset.read.safe_views) and their blocks hashed from there;
+    a block under a value reaches beyond it (the neighbouring row's bytes): those bytes are hashed too, from the
+    shard's own mapping, so a flip there refuses the value although the value's own bytes are intact."""
+    out = random_build(tmp_path, samples=3, tokens=1000, hidden=528, part_size=4)  # 1,056,000-byte values
+    shard = out / "data" / "train-00000-000.arrow"
+    col = next(c for c in open_dataset(out).column_names if c.startswith("hidden_"))
+    value = next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col].clone()  # maps no page
+    raw = bytes(value.contiguous().view(torch.uint8).numpy())
+    data = shard.read_bytes()
+    at = data.find(raw)
+    assert at > 0 and data.find(raw, at + 1) == -1 and len(raw) >= MIN_MAP_BYTES
+    end = at + len(raw)
+    edge = at - 1 if at % BLOCK_BYTES else end  # a byte of the value's first or last block, outside the value
+    assert edge // BLOCK_BYTES in (at // BLOCK_BYTES, (end - 1) // BLOCK_BYTES)
+    with monkeypatch.context() as m:  # the edge is hashed where the shard is mapped, not read into a copy
+        m.setattr(os, "pread", lambda *a: pytest.fail("a block's edge was copied with os.pread"))
+        assert torch.equal(next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col], value)
+        m.setattr(_PrivateMapping, "cached", lambda self: False)  # as from the disk: read in on a thread, hashed
+        assert torch.equal(next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col], value)
+    flip_in_place(shard, edge)
+    block = f"{shard.name}: block {edge // BLOCK_BYTES} "
+    for cold in (False, True):
+        with monkeypatch.context() as m:
+            if cold:
+                m.setattr(_PrivateMapping, "cached", lambda self: False)
+            with pytest.raises(IntegrityError, match=block):
+                next(iter_torch(open_dataset(out).select([1]), batch_size=1))  # read ahead: read in and hashed
+    with pytest.raises(IntegrityError, match=block):
+        open_dataset(out).with_format(TORCH_FORMAT)[1]
