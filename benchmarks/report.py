@@ -295,7 +295,9 @@ TABLES = [
 
 
 def machine(name: str) -> str:
-    return "H200 host" if "-h200-" in name else "2-core CPU VM" if re.search(r"-(cpu-)?vm-", name) else "?"
+    if "-h200-" in name or "-h100-" in name:
+        return "H200 host" if "-h200-" in name else "H100 host"
+    return "2-core CPU VM" if re.search(r"-(cpu-)?vm-", name) else "?"
 
 
 def command(d: dict[str, Any], default: str) -> str:
