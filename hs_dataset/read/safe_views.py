@@ -26,7 +26,6 @@ import mmap
 import os
 import re
 import sys
-import threading
 import warnings
 from typing import Any
 
@@ -41,6 +40,7 @@ MIN_MAP_BYTES = 1 << 20  # smaller values are copied: a copy of 1 MiB costs abou
 _MADV_WILLNEED = 3
 _MADV_POPULATE_READ = 22  # Linux >= 5.14: fault the pages in (reading them from disk) without touching them
 _WILLNEED_CHUNK = 4 << 20  # the kernel reads at most max(read_ahead_kb, max_sectors_kb) per WILLNEED call
+_PIPE_BYTES = 16 << 20  # a value read from the disk is read and hashed in parts of this many bytes (1 MiB blocks)
 _MAPS_LINE = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ ([0-9a-f]+) \S+ (\d+) +(/.*)$", re.M)
 _COPY = object()  # file-backed, but not mappable again (deleted, replaced, unreadable): copy
 
@@ -98,13 +98,27 @@ class _PrivateMapping:
         """File bytes ``[offset, offset + n)`` as mapped here (see :meth:`holds`), a buffer without a copy."""
         return (ctypes.c_char * n).from_address(self._addr + offset - self._first)
 
-    def populate(self) -> None:
-        """Read the pages in now (on this thread), so that the first access does not wait for the disk."""
+    def populate(self, lo: int | None = None, stop: int | None = None) -> None:
+        """Read file bytes ``[lo, stop)`` (default: all mapped) in now, on this thread, so that the first access
+        does not wait for the disk."""
         madvise = _load_libc().madvise
-        if madvise(self._addr, self._len, _MADV_POPULATE_READ) == 0:
+        a, b = self._address(lo, stop)
+        if madvise(a, b - a, _MADV_POPULATE_READ) == 0:
             return
-        for a in range(self._addr, self._addr + self._len, _WILLNEED_CHUNK):  # Linux < 5.14: ask for read-ahead
-            madvise(a, min(_WILLNEED_CHUNK, self._addr + self._len - a), _MADV_WILLNEED)
+        self.will_need(lo, stop)  # Linux < 5.14: ask for read-ahead
+
+    def will_need(self, lo: int | None = None, stop: int | None = None) -> None:
+        """Ask the kernel to read file bytes ``[lo, stop)`` in the background (returns at once)."""
+        madvise = _load_libc().madvise
+        a, b = self._address(lo, stop)
+        for x in range(a, b, _WILLNEED_CHUNK):
+            madvise(x, min(_WILLNEED_CHUNK, b - x), _MADV_WILLNEED)
+
+    def _address(self, lo: int | None, stop: int | None) -> tuple[int, int]:
+        """The page-aligned addresses of file bytes ``[lo, stop)`` in this mapping."""
+        a = self._addr + max(0, (lo if lo is not None else self._first) - self._first)
+        a -= a % mmap.PAGESIZE
+        return a, self._addr + (stop if stop is not None else self._stop) - self._first
 
     def cached(self) -> bool:
         """Whether the last page is in the page cache (the value was read before: its pages come from memory)."""
@@ -177,22 +191,26 @@ class SafeViews:
         self.checks.check(os.fsdecode(path), inode, offset, nbytes, memory, size)
 
     def _populate_and_check(self, m: _PrivateMapping, where: Any, nbytes: int) -> None:
-        """Read the value's pages in (``populate``) and check its blocks. A value that the disk reads is read in on
-        a thread of its own while this one hashes the blocks already there, so the hash runs while the disk reads
-        (``benchmarks/verified_reads.py`` without ``--hot``); from the page cache reading in is quick: done first."""
+        """Read the value's pages in (``populate``) and check its blocks. A value that the disk reads is read in
+        parts of :data:`_PIPE_BYTES`, the next part asked for (in the background) before this one is read in and
+        hashed, so the disk never waits for the hash nor for this thread (``benchmarks/verified_reads.py`` without
+        ``--hot``, checked or not); from the page cache it is read in at once."""
         if not self.populate:
             self._check(where, nbytes, m)
             return
-        if not self.checks.enabled or m.cached():
+        if m.cached():
             m.populate()
             self._check(where, nbytes, m)
             return
-        reading = threading.Thread(target=m.populate, name="hs_dataset-populate", daemon=True)
-        reading.start()
-        try:
-            self._check(where, nbytes, m)
-        finally:
-            reading.join()
+        k, fd, offset, size = where
+        cuts = [offset, *range(offset - offset % _PIPE_BYTES + _PIPE_BYTES, offset + nbytes, _PIPE_BYTES),
+                offset + nbytes]
+        m.will_need(cuts[0], cuts[1])
+        for i, (lo, stop) in enumerate(zip(cuts, cuts[1:])):
+            if i + 2 < len(cuts):
+                m.will_need(stop, cuts[i + 2])
+            m.populate(lo, stop)
+            self._check((k, fd, lo, size), stop - lo, m)
 
     @staticmethod
     def _open(path: bytes, inode: int) -> Any:

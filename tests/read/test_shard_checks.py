@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from hs_dataset.errors import IntegrityError
 from hs_dataset.read import TORCH_FORMAT, DrafterCollator, iter_torch, open_dataset
 from hs_dataset.integrity.checksums import BLOCK_BYTES, BLOCK_SIZE_KEY, BLOCKS_KEY
+from hs_dataset.read import safe_views
 from hs_dataset.read.safe_views import MIN_MAP_BYTES, _PrivateMapping
 from hs_dataset.read.shard_checks import CHECK_ENV
 from hs_dataset.read.windows import iter_windows
@@ -172,7 +173,7 @@ def test_a_flip_in_a_block_beyond_the_value_read_is_refused(tmp_path, monkeypatc
     with monkeypatch.context() as m:  # the edge is hashed where the shard is mapped, not read into a copy
         m.setattr(os, "pread", lambda *a: pytest.fail("a block's edge was copied with os.pread"))
         assert torch.equal(next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col], value)
-        m.setattr(_PrivateMapping, "cached", lambda self: False)  # as from the disk: read in on a thread, hashed
+        m.setattr(_PrivateMapping, "cached", lambda self: False)  # as from the disk: read in and hashed in parts
         assert torch.equal(next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col], value)
     flip_in_place(shard, edge)
     block = f"{shard.name}: block {edge // BLOCK_BYTES} "
@@ -184,3 +185,23 @@ def test_a_flip_in_a_block_beyond_the_value_read_is_refused(tmp_path, monkeypatc
                 next(iter_torch(open_dataset(out).select([1]), batch_size=1))  # read ahead: read in and hashed
     with pytest.raises(IntegrityError, match=block):
         open_dataset(out).with_format(TORCH_FORMAT)[1]
+
+
+def test_a_value_read_from_the_disk_in_parts_has_every_part_checked(tmp_path, monkeypatch):
+    """A value that is not in the page cache is read in and hashed a part at a time (safe_views._PIPE_BYTES, here
+    one block): a flip in a middle part is refused, and an intact value reads whole."""
+    out = random_build(tmp_path, samples=3, tokens=4000, hidden=528, part_size=4)  # 4,224,000-byte values
+    shard = out / "data" / "train-00000-000.arrow"
+    col = next(c for c in open_dataset(out).column_names if c.startswith("hidden_"))
+    value = next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col].clone()
+    raw = bytes(value.contiguous().view(torch.uint8).numpy())
+    at = shard.read_bytes().find(raw)
+    assert at > 0 and len(raw) > 3 * BLOCK_BYTES
+    monkeypatch.setattr(safe_views, "_PIPE_BYTES", BLOCK_BYTES)
+    monkeypatch.setattr(_PrivateMapping, "cached", lambda self: False)  # as from the disk
+    assert torch.equal(next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col], value)
+    middle = (at // BLOCK_BYTES + 2) * BLOCK_BYTES + 7  # in the value's third block, a part of its own
+    assert at < middle < at + len(raw)
+    flip_in_place(shard, middle)
+    with pytest.raises(IntegrityError, match=f"{shard.name}: block {middle // BLOCK_BYTES} "):
+        next(iter_torch(open_dataset(out).select([1]), batch_size=1))
