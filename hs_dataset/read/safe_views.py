@@ -193,8 +193,8 @@ class SafeViews:
     def _populate_and_check(self, m: _PrivateMapping, where: Any, nbytes: int) -> None:
         """Read the value's pages in (``populate``) and check its blocks. A value that the disk reads is read in
         parts of :data:`_PIPE_BYTES`, the next part asked for (in the background) before this one is read in and
-        hashed, so the disk never waits for the hash nor for this thread (``benchmarks/verified_reads.py`` without
-        ``--hot``, checked or not); from the page cache it is read in at once."""
+        hashed, so the disk reads on while this thread hashes (``benchmarks/verified_reads.py`` without ``--hot``,
+        checked or not); from the page cache it is read in at once."""
         if not self.populate:
             self._check(where, nbytes, m)
             return
