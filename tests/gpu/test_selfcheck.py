@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.gpu.models import GPU_MARKS
-from tests.gpu.test_sglang import ENGINE_ARGS, RING, _free_port, shm_dir, wait_for_gpu_memory
+from tests.gpu.test_sglang import ENGINE_ARGS, RING, launched_server, shm_dir, wait_for_gpu_memory
 
 pytestmark = GPU_MARKS
 
@@ -120,38 +116,13 @@ def test_the_selfcheck_runs_when_attached_to_a_launched_server(models):
     import sglang
 
     from hs_dataset.capture.sglang.backend import SGLangBackend
-    from hs_dataset.capture.transport import ENV
 
     ring_dir = shm_dir()
-    port = _free_port()
-    env = dict(os.environ, **{ENV: json.dumps({"layers": [1, 3, 7], "dir": str(ring_dir)})})
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", models["llama"], "--port", str(port),
-           "--disable-radix-cache", "--skip-tokenizer-init", "--attention-backend", "triton", "--sampling-backend",
-           "pytorch", "--grammar-backend", "none", "--disable-cuda-graph", "--mem-fraction-static", "0.3",
-           "--log-level", "warning"]
-    server = subprocess.Popen(cmd, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5):
-                    break
-            except OSError:
-                if server.poll() is not None or time.time() > deadline:
-                    raise AssertionError(f"sglang.launch_server did not come up (exit {server.poll()})")
-                time.sleep(1)
+    with launched_server(models["llama"], [1, 3, 7], ring_dir) as url:
         be = SGLangBackend(models["llama"], (1, 3, 7), sglang_url=url, ring_dir=str(ring_dir), ring_bytes=RING)
         line, version = be.selfcheck, be.sglang_version
         be.close()
         assert not list(ring_dir.glob("selfcheck-*"))  # the builder removed the self-check's files
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        wait_for_gpu_memory()
     _report["attach"] = {"sglang": version, "selfcheck": line}
     _dump()
     assert version == sglang.__version__

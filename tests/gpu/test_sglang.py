@@ -15,11 +15,13 @@ an error to the same HF layer at most a quarter of the error to the neighbouring
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -387,35 +389,23 @@ def test_without_the_final_state_the_ring_carries_the_layers_and_the_teacher(mod
     _dump()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_attach_mode_build_equals_the_in_process_build(models, tmp_path):
-    """A build attached to ``python -m sglang.launch_server`` started with the plugin gives the rows of
-    an in-process build: the same ids, tokens and masks, and states within the parity tolerance."""
+@contextlib.contextmanager
+def launched_server(model: str, layers: list[int], ring_dir: Path) -> Iterator[str]:
+    """``python -m sglang.launch_server`` with the plugin capturing ``layers`` into ``ring_dir`` (attach mode) ->
+    its URL once it answers /health; stopped (its process group) on exit, and its GPU memory waited for."""
     import signal
+    import socket
     import subprocess
     import sys
     import urllib.request
 
-    from hs_dataset.write.driver import build
     from hs_dataset.capture.transport import ENV
-    from hs_dataset.config import HiddenStatesConfig
-    from hs_dataset.demo.tiny import make_tiny_tokenizer
-    from hs_dataset.read.iterate import iter_torch
-    from hs_dataset.read.open import open_dataset
 
-    make_tiny_tokenizer(models["llama"], template="chatml")
-    src = Path(__file__).resolve().parents[2] / "builder_scripts" / "data" / "demo_conversations.jsonl"
-    ring_dir = shm_dir()
-    port = _free_port()
-    env = dict(os.environ, **{ENV: json.dumps({"layers": [1, 3, 7], "dir": str(ring_dir)})})
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", models["llama"], "--port", str(port),
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, **{ENV: json.dumps({"layers": layers, "dir": str(ring_dir)})})
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port),
            "--disable-radix-cache", "--skip-tokenizer-init", "--attention-backend", "triton", "--sampling-backend",
            "pytorch", "--grammar-backend", "none", "--disable-cuda-graph", "--mem-fraction-static", "0.3",
            "--log-level", "warning"]
@@ -431,18 +421,36 @@ def test_attach_mode_build_equals_the_in_process_build(models, tmp_path):
                 if server.poll() is not None or time.time() > deadline:
                     raise AssertionError(f"sglang.launch_server did not come up (exit {server.poll()})")
                 time.sleep(1)
-        base = dict(model=models["llama"], layers=(1, 3, 7), source=str(src), max_length=512, backend="sglang",
-                    part_size=16)
-        attached = build(HiddenStatesConfig(**base, backend_options={
-            "sglang_url": url, "ring_dir": str(ring_dir), "ring_bytes": RING, "max_inflight": 32}),
-            tmp_path / "attached", progress=False)
-        assert not list(ring_dir.glob("ring-*"))  # the builder removed its ring file
+        yield url
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
+        wait_for_gpu_memory()
+
+
+def test_attach_mode_build_equals_the_in_process_build(models, tmp_path):
+    """A build attached to ``python -m sglang.launch_server`` started with the plugin gives the rows of
+    an in-process build: the same ids, tokens and masks, and states within the parity tolerance."""
+
+    from hs_dataset.write.driver import build
+    from hs_dataset.config import HiddenStatesConfig
+    from hs_dataset.demo.tiny import make_tiny_tokenizer
+    from hs_dataset.read.iterate import iter_torch
+    from hs_dataset.read.open import open_dataset
+
+    make_tiny_tokenizer(models["llama"], template="chatml")
+    src = Path(__file__).resolve().parents[2] / "builder_scripts" / "data" / "demo_conversations.jsonl"
+    ring_dir = shm_dir()
+    with launched_server(models["llama"], [1, 3, 7], ring_dir) as url:
+        base = dict(model=models["llama"], layers=(1, 3, 7), source=str(src), max_length=512, backend="sglang",
+                    part_size=16)
+        attached = build(HiddenStatesConfig(**base, backend_options={
+            "sglang_url": url, "ring_dir": str(ring_dir), "ring_bytes": RING, "max_inflight": 32}),
+            tmp_path / "attached", progress=False)
+        assert not list(ring_dir.glob("ring-*"))  # the builder removed its ring file
     local = build(HiddenStatesConfig(**base, backend_options={"ring_bytes": RING, "max_inflight": 32,
                                                              "engine_args": ENGINE_ARGS}),
                   tmp_path / "local", progress=False)
