@@ -39,8 +39,8 @@ __all__ = ["MIN_MAP_BYTES", "SafeViews", "libc_madvise"]
 MIN_MAP_BYTES = 1 << 20  # smaller values are copied: a copy of 1 MiB costs about what a mapping does
 _MADV_WILLNEED = 3
 _MADV_POPULATE_READ = 22  # Linux >= 5.14: fault the pages in (reading them from disk) without touching them
-_WILLNEED_CHUNK = 4 << 20  # the kernel reads at most max(read_ahead_kb, max_sectors_kb) per WILLNEED call
-_PIPE_BYTES = 16 << 20  # a value read from the disk is read and hashed in parts of this many bytes (1 MiB blocks)
+_WILLNEED_CHUNK = 4 << 20  # the kernel reads at most max(read_ahead_kb, max_sectors_kb) per WILLNEED call (madvise or fadvise)
+_PIPE_BYTES = 16 << 20  # a value is read in and hashed in parts of this many bytes (whole 1 MiB blocks)
 _MAPS_LINE = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ ([0-9a-f]+) \S+ (\d+) +(/.*)$", re.M)
 _COPY = object()  # file-backed, but not mappable again (deleted, replaced, unreadable): copy
 
@@ -48,8 +48,7 @@ _libc: Any = None
 
 
 def _load_libc() -> Any:
-    """libc with ``mmap``, ``munmap``, ``madvise`` and ``mincore`` typed, or False off Linux (ctypes calls release
-    the GIL)."""
+    """libc with ``mmap``, ``munmap`` and ``madvise`` typed, or False off Linux (ctypes calls release the GIL)."""
     global _libc
     if _libc is None:
         _libc = False
@@ -61,7 +60,6 @@ def _load_libc() -> Any:
                                       ctypes.c_int64]
                 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
                 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
                 _libc = libc
             except (OSError, AttributeError):
                 pass
@@ -105,13 +103,7 @@ class _PrivateMapping:
         a, b = self._address(lo, stop)
         if madvise(a, b - a, _MADV_POPULATE_READ) == 0:
             return
-        self.will_need(lo, stop)  # Linux < 5.14: ask for read-ahead
-
-    def will_need(self, lo: int | None = None, stop: int | None = None) -> None:
-        """Ask the kernel to read file bytes ``[lo, stop)`` in the background (returns at once)."""
-        madvise = _load_libc().madvise
-        a, b = self._address(lo, stop)
-        for x in range(a, b, _WILLNEED_CHUNK):
+        for x in range(a, b, _WILLNEED_CHUNK):  # Linux < 5.14: ask for read-ahead
             madvise(x, min(_WILLNEED_CHUNK, b - x), _MADV_WILLNEED)
 
     def _address(self, lo: int | None, stop: int | None) -> tuple[int, int]:
@@ -119,12 +111,6 @@ class _PrivateMapping:
         a = self._addr + max(0, (lo if lo is not None else self._first) - self._first)
         a -= a % mmap.PAGESIZE
         return a, self._addr + (stop if stop is not None else self._stop) - self._first
-
-    def cached(self) -> bool:
-        """Whether the last page is in the page cache (the value was read before: its pages come from memory)."""
-        last = self._addr + (self._len - 1) // mmap.PAGESIZE * mmap.PAGESIZE
-        vec = ctypes.c_ubyte(0)
-        return _load_libc().mincore(last, 1, ctypes.byref(vec)) == 0 and bool(vec.value & 1)
 
     def __del__(self) -> None:
         if getattr(self, "_munmap", None) is not None:
@@ -191,26 +177,28 @@ class SafeViews:
         self.checks.check(os.fsdecode(path), inode, offset, nbytes, memory, size)
 
     def _populate_and_check(self, m: _PrivateMapping, where: Any, nbytes: int) -> None:
-        """Read the value's pages in (``populate``) and check its blocks. A value that the disk reads is read in
-        parts of :data:`_PIPE_BYTES`, the next part asked for (in the background) before this one is read in and
-        hashed, so the disk reads on while this thread hashes (``benchmarks/verified_reads.py`` without ``--hot``,
-        checked or not); from the page cache it is read in at once."""
+        """Read the value's pages in (``populate``) and check its blocks, in parts of :data:`_PIPE_BYTES`: the reader
+        asked for the coming values already (:meth:`will_need`), so the disk reads on while a part is hashed
+        (``benchmarks/verified_reads.py`` without ``--hot``, checked or not)."""
         if not self.populate:
-            self._check(where, nbytes, m)
-            return
-        if m.cached():
-            m.populate()
             self._check(where, nbytes, m)
             return
         k, fd, offset, size = where
         cuts = [offset, *range(offset - offset % _PIPE_BYTES + _PIPE_BYTES, offset + nbytes, _PIPE_BYTES),
                 offset + nbytes]
-        m.will_need(cuts[0], cuts[1])
-        for i, (lo, stop) in enumerate(zip(cuts, cuts[1:])):
-            if i + 2 < len(cuts):
-                m.will_need(stop, cuts[i + 2])
+        for lo, stop in zip(cuts, cuts[1:]):
             m.populate(lo, stop)
             self._check((k, fd, lo, size), stop - lo, m)
+
+    def will_need(self, arr: np.ndarray) -> None:
+        """Ask the kernel to read the file bytes under ``arr`` (a zero-copy numpy view of Arrow memory, a value about
+        to be read) into the page cache in the background; returns at once. Nothing for memory no file backs."""
+        where = self._locate(arr.__array_interface__["data"][0], arr.nbytes) if self._linux and arr.nbytes else None
+        if where is None or where[1] is _COPY:
+            return
+        fd, offset = where[1], where[2]
+        for x in range(offset, offset + arr.nbytes, _WILLNEED_CHUNK):
+            os.posix_fadvise(fd, x, min(_WILLNEED_CHUNK, offset + arr.nbytes - x), os.POSIX_FADV_WILLNEED)
 
     @staticmethod
     def _open(path: bytes, inode: int) -> Any:

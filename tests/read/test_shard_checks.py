@@ -20,7 +20,8 @@ from hs_dataset.errors import IntegrityError
 from hs_dataset.read import TORCH_FORMAT, DrafterCollator, iter_torch, open_dataset
 from hs_dataset.integrity.checksums import BLOCK_BYTES, BLOCK_SIZE_KEY, BLOCKS_KEY
 from hs_dataset.read import safe_views
-from hs_dataset.read.safe_views import MIN_MAP_BYTES, _PrivateMapping
+from hs_dataset.read import iterate
+from hs_dataset.read.safe_views import MIN_MAP_BYTES, SafeViews
 from hs_dataset.read.shard_checks import CHECK_ENV
 from hs_dataset.read.windows import iter_windows
 from hs_dataset.write.driver import build
@@ -173,23 +174,17 @@ def test_a_flip_in_a_block_beyond_the_value_read_is_refused(tmp_path, monkeypatc
     with monkeypatch.context() as m:  # the edge is hashed where the shard is mapped, not read into a copy
         m.setattr(os, "pread", lambda *a: pytest.fail("a block's edge was copied with os.pread"))
         assert torch.equal(next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col], value)
-        m.setattr(_PrivateMapping, "cached", lambda self: False)  # as from the disk: read in and hashed in parts
-        assert torch.equal(next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col], value)
     flip_in_place(shard, edge)
     block = f"{shard.name}: block {edge // BLOCK_BYTES} "
-    for cold in (False, True):
-        with monkeypatch.context() as m:
-            if cold:
-                m.setattr(_PrivateMapping, "cached", lambda self: False)
-            with pytest.raises(IntegrityError, match=block):
-                next(iter_torch(open_dataset(out).select([1]), batch_size=1))  # read ahead: read in and hashed
+    with pytest.raises(IntegrityError, match=block):
+        next(iter_torch(open_dataset(out).select([1]), batch_size=1))  # read ahead: read in and hashed in parts
     with pytest.raises(IntegrityError, match=block):
         open_dataset(out).with_format(TORCH_FORMAT)[1]
 
 
 def test_a_value_read_from_the_disk_in_parts_has_every_part_checked(tmp_path, monkeypatch):
-    """A value that is not in the page cache is read in and hashed a part at a time (safe_views._PIPE_BYTES, here
-    one block): a flip in a middle part is refused, and an intact value reads whole."""
+    """The read-ahead reads a value in and hashes it a part at a time (safe_views._PIPE_BYTES, here one block): a flip
+    in a middle part is refused, and an intact value reads whole."""
     out = random_build(tmp_path, samples=3, tokens=4000, hidden=528, part_size=4)  # 4,224,000-byte values
     shard = out / "data" / "train-00000-000.arrow"
     col = next(c for c in open_dataset(out).column_names if c.startswith("hidden_"))
@@ -198,10 +193,41 @@ def test_a_value_read_from_the_disk_in_parts_has_every_part_checked(tmp_path, mo
     at = shard.read_bytes().find(raw)
     assert at > 0 and len(raw) > 3 * BLOCK_BYTES
     monkeypatch.setattr(safe_views, "_PIPE_BYTES", BLOCK_BYTES)
-    monkeypatch.setattr(_PrivateMapping, "cached", lambda self: False)  # as from the disk
     assert torch.equal(next(iter_torch(open_dataset(out).select([1]), batch_size=1))[col], value)
     middle = (at // BLOCK_BYTES + 2) * BLOCK_BYTES + 7  # in the value's third block, a part of its own
     assert at < middle < at + len(raw)
     flip_in_place(shard, middle)
     with pytest.raises(IntegrityError, match=f"{shard.name}: block {middle // BLOCK_BYTES} "):
         next(iter_torch(open_dataset(out).select([1]), batch_size=1))
+
+
+@pytest.mark.parametrize("rows", [None, [3, 0, 2]], ids=["in order", "shuffled"])
+def test_the_read_ahead_asks_the_disk_for_the_next_rows_before_reading_a_row_and_for_nothing_else(tmp_path, monkeypatch,
+                                                                                                 rows):
+    """Before the read-ahead reads a row's states in (and hashes them), the disk has been asked for the next rows'
+    states (iterate._ASK_AHEAD_BYTES of them, here one row), so that it reads on meanwhile; it is asked for exactly
+    the states the loop reads, in any order."""
+    out = random_build(tmp_path, samples=4, tokens=2000, hidden=528, part_size=4)  # 2,112,000-byte values
+    log: list[tuple[str, int, int]] = []
+    real_read, real_ask = SafeViews._populate_and_check, os.posix_fadvise
+
+    def read_in(views, m, where, nbytes):
+        log.append(("read", where[2], nbytes))
+        real_read(views, m, where, nbytes)
+
+    def ask(fd, offset, n, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            log.append(("ask", offset, n))
+        real_ask(fd, offset, n, advice)
+    monkeypatch.setattr(iterate, "_ASK_AHEAD_BYTES", 1)
+    monkeypatch.setattr(SafeViews, "_populate_and_check", read_in)
+    monkeypatch.setattr(os, "posix_fadvise", ask)
+    ds = open_dataset(out) if rows is None else open_dataset(out).select(rows)
+    states = len([c for c in ds.column_names if c.startswith("hidden_")])
+    assert len(list(iter_torch(ds, batch_size=1))) == len(ds)
+    reads = [(a, n) for what, a, n in log if what == "read"]
+    asks = [(a, n) for what, a, n in log if what == "ask"]
+    assert len(reads) == len(ds) * states and sorted(asks) == sorted(reads)  # what is read, nothing else
+    first_read = log.index(("read", *reads[0]))
+    assert set(asks[:2 * states]) == set(reads[:2 * states])  # the first row and the next, in the loop's order
+    assert {("ask", a, n) for a, n in reads[:2 * states]} <= set(log[:first_read])  # before the first is read
