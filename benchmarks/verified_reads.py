@@ -68,14 +68,18 @@ def read_epoch(target: str, batch: int, streaming: bool) -> None:
                       "epoch_cpu_seconds": use.ru_utime + use.ru_stime - start.ru_utime - start.ru_stime}))
 
 
-def paired(reps: int, run: Callable[[str], tuple[float, float, float]]) -> dict:
-    """``reps`` pairs (even), each order as often: GB/s of each mode, the geometric mean of the ratios, and the
+def paired(reps: int, run: Callable[[str], tuple[float, float, float]], warmup: int = 0) -> dict:
+    """``warmup`` pairs run and not counted, then ``reps`` pairs (even), each order as often: GB/s of each mode, the
+    geometric mean of the ratios, and the
     CPU seconds of each run, whole (imports included) and of the epoch alone (the work itself, steadier than the
     wall clock on a shared machine: where the reader gets one core, the ratio of the walls comes to that ratio)."""
     runs: dict[str, list[float]] = {"checked": [], "unchecked": []}
     cpu: dict[str, list[float]] = {"checked": [], "unchecked": []}
     epoch_cpu: dict[str, list[float]] = {"checked": [], "unchecked": []}
     reps += reps % 2
+    for _ in range(warmup):
+        for mode in ("checked", "unchecked"):
+            run(mode)
     for rep in range(reps):
         for mode in ("checked", "unchecked") if rep % 2 == 0 else ("unchecked", "checked"):
             gbs, cpu_s, epoch_cpu_s = run(mode)
@@ -92,7 +96,8 @@ def paired(reps: int, run: Callable[[str], tuple[float, float, float]]) -> dict:
                                                     / statistics.median(cpu["checked"]), 3),
             "epoch_cpu_seconds": {k: [round(x, 3) for x in v] for k, v in epoch_cpu.items()},
             "epoch_cpu_ratio_unchecked_to_checked": round(statistics.median(epoch_cpu["unchecked"])
-                                                          / statistics.median(epoch_cpu["checked"]), 3), "pairs": reps}
+                                                          / statistics.median(epoch_cpu["checked"]), 3),
+            "pairs": reps, "warmup_pairs": warmup}
 
 
 def child(target: str, batch: int, mode: str, env: dict[str, str],
@@ -113,6 +118,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=4, help="pairs of local runs (rounded up to an even number)")
     ap.add_argument("--stream-reps", type=int, default=2, help="pairs of streaming runs (0: none)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="pairs run first and not counted (the first runs after the build meet a VM's fresh memory)")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--shard-mb", type=int, default=512)
     ap.add_argument("--hot", action="store_true", help="leave the shards in the page cache")
@@ -140,7 +147,7 @@ def main() -> int:
                             "load_average_at_start": os.getloadavg()[0],
                             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
                                        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"},
-                  "first_epoch_local": paired(a.reps, local)}
+                  "first_epoch_local": paired(a.reps, local, a.warmup)}
         if a.stream_reps:
             from tests.fakehub.server import running_hub
             from tests.fakehub.tools import client_subprocess_env, hub_client_env
@@ -152,7 +159,7 @@ def main() -> int:
                 env = client_subprocess_env(hub, work / "home", token=TOKEN)
                 env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])
                 result["streaming_local_test_hub"] = paired(
-                    a.stream_reps, lambda mode: child(REPO, a.batch, mode, env, streaming=True))
+                    a.stream_reps, lambda mode: child(REPO, a.batch, mode, env, streaming=True), a.warmup)
     print(json.dumps(result, indent=1))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
