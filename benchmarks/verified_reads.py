@@ -70,9 +70,9 @@ def read_epoch(target: str, batch: int, streaming: bool) -> None:
 
 def paired(reps: int, run: Callable[[str], tuple[float, float, float]], warmup: int = 0) -> dict:
     """``warmup`` pairs run and not counted, then ``reps`` pairs (even), each order as often: GB/s of each mode, the
-    geometric mean of the ratios, and the
-    CPU seconds of each run, whole (imports included) and of the epoch alone (the work itself, steadier than the
-    wall clock on a shared machine: where the reader gets one core, the ratio of the walls comes to that ratio)."""
+    geometric mean of the ratios, and the CPU seconds of each run, whole (imports included) and of the epoch alone
+    (the work itself, steadier than the wall clock on a shared machine: where the reader gets one core, the ratio
+    of the walls comes to that ratio)."""
     runs: dict[str, list[float]] = {"checked": [], "unchecked": []}
     cpu: dict[str, list[float]] = {"checked": [], "unchecked": []}
     epoch_cpu: dict[str, list[float]] = {"checked": [], "unchecked": []}

@@ -19,8 +19,7 @@ from torch.utils.data import DataLoader
 from hs_dataset.errors import IntegrityError
 from hs_dataset.read import TORCH_FORMAT, DrafterCollator, iter_torch, open_dataset
 from hs_dataset.integrity.checksums import BLOCK_BYTES, BLOCK_SIZE_KEY, BLOCKS_KEY
-from hs_dataset.read import safe_views
-from hs_dataset.read import iterate
+from hs_dataset.read import iterate, safe_views
 from hs_dataset.read.safe_views import MIN_MAP_BYTES, SafeViews
 from hs_dataset.read.shard_checks import CHECK_ENV
 from hs_dataset.read.windows import iter_windows
