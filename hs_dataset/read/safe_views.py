@@ -96,21 +96,17 @@ class _PrivateMapping:
         """File bytes ``[offset, offset + n)`` as mapped here (see :meth:`holds`), a buffer without a copy."""
         return (ctypes.c_char * n).from_address(self._addr + offset - self._first)
 
-    def populate(self, lo: int | None = None, stop: int | None = None) -> None:
-        """Read file bytes ``[lo, stop)`` (default: all mapped) in now, on this thread, so that the first access
+    def populate(self, lo: int, stop: int) -> None:
+        """Read file bytes ``[lo, stop)`` (within this mapping) in now, on this thread, so that the first access
         does not wait for the disk."""
         madvise = _load_libc().madvise
-        a, b = self._address(lo, stop)
+        a = self._addr + lo - self._first
+        a -= a % mmap.PAGESIZE
+        b = self._addr + stop - self._first
         if madvise(a, b - a, _MADV_POPULATE_READ) == 0:
             return
         for x in range(a, b, _WILLNEED_CHUNK):  # Linux < 5.14: ask for read-ahead
             madvise(x, min(_WILLNEED_CHUNK, b - x), _MADV_WILLNEED)
-
-    def _address(self, lo: int | None, stop: int | None) -> tuple[int, int]:
-        """The page-aligned addresses of file bytes ``[lo, stop)`` in this mapping."""
-        a = self._addr + max(0, (lo if lo is not None else self._first) - self._first)
-        a -= a % mmap.PAGESIZE
-        return a, self._addr + (stop if stop is not None else self._stop) - self._first
 
     def __del__(self) -> None:
         if getattr(self, "_munmap", None) is not None:
